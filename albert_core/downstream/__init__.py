@@ -1,0 +1,18 @@
+"""Downstream task data: readers for the official GLUE, SQuAD and RACE distributions and their input features."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class DataFormatError(ValueError):
+    """A downstream data file does not have the format its task expects.
+
+    The message names the file, the place in it (line, record or question) and what was expected.
+    """
+
+    def __init__(self, path: str | Path, where: str, problem: str):
+        self.path = str(path)
+        self.where = where
+        self.problem = problem
+        super().__init__(f"{self.path}: {where}: {problem}" if where else f"{self.path}: {problem}")
