@@ -1,0 +1,239 @@
+"""RunConfig: one typed description of a pretraining run, loaded from a TOML recipe in configs/.
+
+Every field is checked before any Ray worker starts; errors name the field as `section.field`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from albert_core.config import AlbertConfig, ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class RunSection:
+    name: str = "albert-tiny"
+    output_dir: str = "runs"  # the run lives in output_dir/name
+    seed: int = 12345
+
+
+@dataclass
+class ModelSection:
+    preset: str = "albert-base"
+    # Any AlbertConfig field overrides the preset (vocab_size is taken from the tokenizer when 0).
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataSection:
+    shards: str = ""  # a preprocess output directory (train/ shards, heldout/, manifest.json)
+    max_seq_length: int = 512
+    mask_prob: float = 0.15
+    max_ngram: int = 3
+    # Pad every batch to max_seq_length (static shapes for XLA) instead of the longest row rounded up to 8.
+    static_shapes: bool = False
+
+
+@dataclass
+class OptimSection:
+    name: str = "lamb"  # lamb | adamw
+    lr: float = 0.00176
+    warmup_steps: int = 3125
+    total_steps: int = 125_000
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    bias_correction: bool = False
+    trust_clip: list[float] | None = None  # [lo, hi] or none
+    grad_clip: float = 1.0
+
+
+@dataclass
+class TrainSection:
+    global_batch_size: int = 4096  # = micro_batch_size x accumulation x workers
+    micro_batch_size: int = 32
+    num_workers: int = 1
+    backend: str = "cpu"  # cpu (gloo) | cuda (nccl) | xla
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    cpus_per_worker: int = 1
+    log_every: int = 10
+    checkpoint_every: int = 1000
+    keep_last: int = 3
+    # The paper removes dropout late (~1M steps); 0 keeps the configured dropout for the whole run.
+    dropout_removal_step: int = 0
+    max_failures: int = 3
+
+    @property
+    def accumulation(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.num_workers)
+
+
+@dataclass
+class EvalSection:
+    every_steps: int = 0  # 0: only at the end
+    heldout_batches: int = 20
+    batch_size: int = 32
+    tasks: list[str] = field(default_factory=list)  # downstream tasks, e.g. ["sst2"]
+    task_data: dict[str, str] = field(default_factory=dict)  # task -> data directory
+
+
+@dataclass
+class RunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+    def model_config(self, vocab_size: int | None = None) -> AlbertConfig:
+        overrides = dict(self.model.overrides)
+        if vocab_size is not None and not overrides.get("vocab_size"):
+            overrides["vocab_size"] = vocab_size
+        try:
+            return AlbertConfig.preset(self.model.preset, **overrides)
+        except ConfigError as err:
+            raise ConfigError(f"model.{err}") from None
+        except TypeError as err:
+            raise ConfigError(f"model.overrides: {err}") from None
+
+    def validate(self) -> None:
+        self.model_config(vocab_size=self.model.overrides.get("vocab_size") or 30000)
+        t, o, d = self.train, self.optim, self.data
+        _positive(
+            self, "train", ("global_batch_size", "micro_batch_size", "num_workers", "cpus_per_worker", "log_every")
+        )
+        _positive(self, "train", ("checkpoint_every", "keep_last"))
+        _positive(self, "optim", ("total_steps",))
+        _positive(self, "data", ("max_seq_length", "max_ngram"))
+        if t.global_batch_size % (t.micro_batch_size * t.num_workers):
+            raise ConfigError(
+                f"train.global_batch_size: {t.global_batch_size} is not a multiple of micro_batch_size x num_workers "
+                f"({t.micro_batch_size} x {t.num_workers})"
+            )
+        if t.backend not in ("cpu", "cuda", "xla"):
+            raise ConfigError(f"train.backend: expected cpu, cuda or xla, got {t.backend!r}")
+        if t.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"train.precision: expected fp32 or bf16, got {t.precision!r}")
+        if t.dropout_removal_step < 0:
+            raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
+        if o.name not in ("lamb", "adamw"):
+            raise ConfigError(f"optim.name: expected lamb or adamw, got {o.name!r}")
+        if not o.lr > 0:
+            raise ConfigError(f"optim.lr: expected > 0, got {o.lr}")
+        if not 0 <= o.warmup_steps <= o.total_steps:
+            raise ConfigError(f"optim.warmup_steps: expected 0..total_steps ({o.total_steps}), got {o.warmup_steps}")
+        if o.trust_clip is not None and (len(o.trust_clip) != 2 or not 0 <= o.trust_clip[0] <= o.trust_clip[1]):
+            raise ConfigError(f"optim.trust_clip: expected [lo, hi] with 0 <= lo <= hi, got {o.trust_clip}")
+        if not 0 < d.mask_prob < 1:
+            raise ConfigError(f"data.mask_prob: expected in (0, 1), got {d.mask_prob}")
+        if d.max_seq_length > self.model_config(30000).max_position_embeddings:
+            raise ConfigError("data.max_seq_length: exceeds model max_position_embeddings")
+        if self.eval.every_steps < 0:
+            raise ConfigError(f"eval.every_steps: expected >= 0, got {self.eval.every_steps}")
+        missing = [task for task in self.eval.tasks if task not in self.eval.task_data]
+        if missing:
+            raise ConfigError(f"eval.task_data: no data directory for task {missing[0]!r}")
+
+    # --- serialization -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> RunConfig:
+        sections = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(data) - set(sections))
+        if unknown:
+            raise ConfigError(f"{source}: {unknown[0]}: unknown section (expected {', '.join(sections)})")
+        built = {}
+        for name, section_cls in _SECTION_TYPES.items():
+            values = data.get(name, {})
+            if not isinstance(values, dict):
+                raise ConfigError(f"{source}: {name}: expected a table, got {type(values).__name__}")
+            built[name] = _build_section(section_cls, values, f"{name}")
+        config = cls(**built)
+        try:
+            config.validate()
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
+        return config
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+        path = resolve_config_path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: not valid TOML ({err})") from None
+        for dotted, value in (overrides or {}).items():
+            section, _, key = dotted.partition(".")
+            data.setdefault(section, {})[key] = value
+        return cls.from_dict(data, source=str(path))
+
+
+_SECTION_TYPES = {
+    "run": RunSection,
+    "model": ModelSection,
+    "data": DataSection,
+    "optim": OptimSection,
+    "train": TrainSection,
+    "eval": EvalSection,
+}
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A path, or the name of a shipped recipe (`tiny` -> configs/tiny.toml)."""
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    shipped = CONFIG_DIR / f"{path}.toml"
+    if shipped.is_file():
+        return shipped
+    raise ConfigError(f"{path}: no such config file (shipped recipes: {', '.join(shipped_recipes())})")
+
+
+def shipped_recipes() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def _build_section(section_cls: type, values: dict[str, Any], name: str):
+    known = {f.name: f for f in fields(section_cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"{name}.{unknown[0]}: unknown field (expected one of {', '.join(known)})")
+    defaults = section_cls()
+    for key, value in values.items():
+        expected = getattr(defaults, key)
+        if not _same_kind(expected, value) and not (key == "trust_clip" and isinstance(value, list)):
+            raise ConfigError(f"{name}.{key}: expected {type(expected).__name__}, got {value!r}")
+    return section_cls(**values)
+
+
+def _same_kind(expected: Any, value: Any) -> bool:
+    if isinstance(expected, bool) or isinstance(value, bool):
+        return isinstance(expected, bool) and isinstance(value, bool)
+    if isinstance(expected, float):
+        return isinstance(value, (int, float))
+    if expected is None:
+        return True
+    return isinstance(value, type(expected))
+
+
+def _positive(config: RunConfig, section: str, names: tuple[str, ...]) -> None:
+    values = getattr(config, section)
+    for name in names:
+        value = getattr(values, name)
+        if value < 1:
+            raise ConfigError(f"{section}.{name}: expected a positive integer, got {value}")
