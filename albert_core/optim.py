@@ -17,6 +17,7 @@ uses no bias correction and clips the global gradient norm at 1.0; the clip belo
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -155,6 +156,11 @@ def _trust_ratio(w_norm: Tensor, u_norm: Tensor, trust_clip: tuple[float, float]
     return torch.where(ok, phi / torch.where(ok, u_norm, 1.0), 1.0)
 
 
+def _norm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Norms in at least float32 (bf16/fp16 norms of large tensors lose too much)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _lamb_per_tensor(
     params: list[Tensor],
     grads: list[Tensor],
@@ -182,8 +188,9 @@ def _lamb_per_tensor(
         if weight_decay != 0:
             update.add_(p, alpha=weight_decay)
         if adapt:
-            w_norm = torch.linalg.vector_norm(p, dtype=torch.float32)
-            u_norm = torch.linalg.vector_norm(update, dtype=torch.float32)
+            norm_dtype = _norm_dtype(p.dtype)
+            w_norm = torch.linalg.vector_norm(p, dtype=norm_dtype)
+            u_norm = torch.linalg.vector_norm(update, dtype=norm_dtype)
             update.mul_(_trust_ratio(w_norm, u_norm, trust_clip))
         p.add_(update, alpha=-lr)
 
@@ -218,20 +225,21 @@ def _lamb_foreach(
         torch._foreach_add_(ms, gs, alpha=1 - beta1)
         torch._foreach_mul_(vs, beta2)
         torch._foreach_addcmul_(vs, gs, gs, value=1 - beta2)
+        # r = m̂ / (√v̂ + ε), built in one buffer: √v̂ + ε, inverted, times m, divided by (1 − β1ᵗ).
+        updates = torch._foreach_sqrt(vs)
         if bias_correction:
-            m_hat = torch._foreach_div(ms, [1 - beta1 ** steps[i] for i in idx])
-            v_hat = torch._foreach_div(vs, [1 - beta2 ** steps[i] for i in idx])
-        else:
-            m_hat, v_hat = ms, vs
-        denom = torch._foreach_sqrt(v_hat)
-        torch._foreach_add_(denom, eps)
-        updates = torch._foreach_div(m_hat, denom)
-        del denom, m_hat, v_hat
+            torch._foreach_div_(updates, [math.sqrt(1 - beta2 ** steps[i]) for i in idx])
+        torch._foreach_add_(updates, eps)
+        torch._foreach_reciprocal_(updates)
+        torch._foreach_mul_(updates, ms)
+        if bias_correction:
+            torch._foreach_div_(updates, [1 - beta1 ** steps[i] for i in idx])
         if weight_decay != 0:
             torch._foreach_add_(updates, ps, alpha=weight_decay)
         if adapt:
-            w_norms = torch.stack(torch._foreach_norm(ps, dtype=torch.float32))
-            u_norms = torch.stack(torch._foreach_norm(updates, dtype=torch.float32))
+            norm_dtype = _norm_dtype(ps[0].dtype)
+            w_norms = torch.stack(torch._foreach_norm(ps, dtype=norm_dtype))
+            u_norms = torch.stack(torch._foreach_norm(updates, dtype=norm_dtype))
             ratios = _trust_ratio(w_norms, u_norms, trust_clip)
             torch._foreach_mul_(updates, list(ratios.unbind()))
         torch._foreach_add_(ps, updates, alpha=-lr)

@@ -166,6 +166,24 @@ def test_foreach_and_per_tensor_paths_agree():
     assert_params_close(a, b)
 
 
+def test_foreach_path_handles_mixed_dtypes_like_the_per_tensor_path():
+    g = torch.Generator().manual_seed(5)
+    init = [torch.randn(4, 3, generator=g), torch.randn(6, generator=g, dtype=torch.float64)]
+    grads = [[torch.randn_like(t) for t in init] for _ in range(3)]
+    results = []
+    for foreach in (True, False):
+        ps = [nn.Parameter(t.clone()) for t in init]
+        opt = Lamb(ps, lr=LR, bias_correction=True, foreach=foreach)
+        for step_grads in grads:
+            for p, gr in zip(ps, step_grads, strict=True):
+                p.grad = gr.clone()
+            opt.step()
+        results.append(ps)
+    for a, b in zip(*results, strict=True):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
 def test_trust_clip_changes_the_update_when_a_norm_is_outside_the_range():
     # embed.weight has norm ~7 and mix has norm ~0.1, both outside (0.5, 2.0)
     a, b = make_model(), make_model()
