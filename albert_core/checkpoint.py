@@ -23,7 +23,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated or does not fit the model; the message names the file."""
 
 
