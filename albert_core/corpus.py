@@ -1,0 +1,705 @@
+"""Streaming corpus readers: plain text, JSONL, Parquet and MediaWiki XML dumps, local or fsspec URLs.
+
+Every reader yields one record per input document: a `Document` when it could be read, or a `Skip` naming
+why not (so counts add up: documents read + documents skipped = documents in the input). Filter skips
+(`redirect`, `namespace`, `markup_only`) are normal; the others are bad input, and with `on_error="fail"` they
+raise `CorpusError` instead, naming the file, the line/record and what was expected.
+
+Formats (`fmt="auto"` picks one from the extension, after a `.gz` / `.bz2` / `.xz` suffix):
+- text (`.txt`, `.text`, `.md`, no extension): `split="file"` makes each file one document;
+  `split="blank_line"` makes each run of non-blank lines one document.
+- jsonl (`.jsonl`, `.ndjson`): one JSON object per line, the document in `text_field`; blank lines ignored.
+- parquet (`.parquet`, `.pq`): one row per document, the document in column `text_field`.
+- mediawiki (`.xml`): a MediaWiki export; one article (namespace 0, not a redirect) per document, its
+  wikitext stripped to prose by `strip_wikitext`.
+
+Documents longer than `max_document_chars` are skipped (reason `too_long`), not chunked: reading stops
+collecting as soon as the limit is passed, so a 50 MB line costs a few MB of memory, not 50.
+"""
+
+from __future__ import annotations
+
+import codecs
+import html
+import json
+import lzma
+import os
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import fsspec
+
+FORMATS = ("auto", "text", "jsonl", "parquet", "mediawiki")
+SPLITS = ("file", "blank_line")
+ON_ERROR = ("skip", "fail")
+MAX_DOCUMENT_CHARS = 1_000_000
+
+EXTENSIONS = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    "": "text",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".xml": "mediawiki",
+}
+COMPRESSIONS = (".gz", ".bz2", ".xz")
+
+# Skips that are expected filtering, not bad input: never raised, whatever on_error says.
+FILTER_REASONS = frozenset({"redirect", "namespace", "markup_only"})
+
+_CHUNK = 1 << 20  # bytes read per line piece
+_HEAD = 8192  # bytes inspected for NUL to call a file binary
+
+
+@dataclass(frozen=True)
+class Document:
+    source: str  # the file (path or URL)
+    location: str  # "file", "line 12", "record 3", "row 7", "page 12 (Title)"
+    text: str
+
+
+@dataclass(frozen=True)
+class Skip:
+    source: str
+    location: str
+    reason: str  # missing, unreadable, binary, invalid_utf8, empty, too_long, malformed_record, missing_field,
+    # malformed_parquet, malformed_xml, unknown_format; filters: redirect, namespace, markup_only
+    detail: str
+
+
+class CorpusError(ValueError):
+    """Bad corpus input under on_error="fail"; the message names file, location and what was expected."""
+
+    def __init__(self, skip: Skip):
+        super().__init__(f"{skip.source}: {skip.location}: {skip.reason}: {skip.detail}")
+        self.skip = skip
+
+
+# ----------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def detect_format(path: str) -> str | None:
+    """The reader for `path` by its extension (compression suffix ignored); None if unknown."""
+    name = path.rstrip("/").rsplit("/", 1)[-1].lower()
+    for suffix in COMPRESSIONS:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    ext = os.path.splitext(name)[1]
+    return EXTENSIONS.get(ext)
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith((".", "_"))
+
+
+def list_inputs(paths: str | os.PathLike | Iterable[str | os.PathLike], *, fmt: str = "auto") -> list[str]:
+    """Expand files, directories (recursively) and glob patterns, local or fsspec URLs, into a sorted list
+    of files. In directories, hidden files (".x", "_x") are left out, and with fmt="auto" so are files whose
+    extension names no known format (e.g. a SOURCES.json beside the corpus). A path that names nothing is
+    kept as given, so that reading it reports it as missing."""
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    out: list[str] = []
+    for path in map(str, paths):
+        fs, root = fsspec.core.url_to_fs(path)
+
+        url = _is_url(path)
+
+        def full(p: str, fs=fs, url=url) -> str:
+            return fs.unstrip_protocol(p) if url else p
+
+        if any(c in root for c in "*?["):
+            matches = [p for p in sorted(fs.glob(root)) if fs.isfile(p)]
+            out.extend(full(p) for p in matches)
+            if not matches:
+                out.append(path)
+        elif fs.isdir(root):
+            found = []
+            for p in fs.find(root):
+                rel = p[len(root.rstrip("/")) + 1 :]
+                if any(_hidden(part) for part in rel.split("/")):
+                    continue
+                if fmt == "auto" and detect_format(p) is None:
+                    continue
+                found.append(p)
+            out.extend(full(p) for p in sorted(found))
+        else:
+            out.append(path if not fs.exists(root) else full(root))
+    return out
+
+
+def read_documents(
+    path: str | os.PathLike | Iterable[str | os.PathLike],
+    *,
+    fmt: str = "auto",
+    on_error: str = "skip",
+    text_field: str = "text",
+    split: str = "file",
+    max_document_chars: int = MAX_DOCUMENT_CHARS,
+) -> Iterator[Document | Skip]:
+    """Stream Documents (and Skips) from a file, directory, glob or fsspec URL; see the module docstring."""
+    if fmt not in FORMATS:
+        raise ValueError(f"read_documents: fmt must be one of {FORMATS}, got {fmt!r}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"read_documents: on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if split not in SPLITS:
+        raise ValueError(f"read_documents: split must be one of {SPLITS}, got {split!r}")
+    if max_document_chars < 1:
+        raise ValueError(f"read_documents: max_document_chars must be >= 1, got {max_document_chars}")
+    for source in list_inputs(path, fmt=fmt):
+        for record in _read_file(source, fmt, text_field, split, max_document_chars):
+            if isinstance(record, Skip) and on_error == "fail" and record.reason not in FILTER_REASONS:
+                raise CorpusError(record)
+            yield record
+
+
+def _read_file(source: str, fmt: str, text_field: str, split: str, max_chars: int) -> Iterator[Document | Skip]:
+    kind = detect_format(source) if fmt == "auto" else fmt
+    if kind is None:
+        known = ", ".join(sorted(e for e in EXTENSIONS if e))
+        yield Skip(source, "file", "unknown_format", f"cannot tell the format from the extension ({known}); pass fmt")
+        return
+    fs, root = fsspec.core.url_to_fs(source)
+    try:
+        if not fs.exists(root):
+            yield Skip(source, "file", "missing", "no such file or directory")
+            return
+        if fs.isdir(root):
+            yield Skip(source, "file", "unreadable", "expected a file, found a directory")
+            return
+        with fsspec.open(source, "rb", compression="infer") as f:
+            if kind == "text":
+                yield from _read_text(source, f, split, max_chars)
+            elif kind == "jsonl":
+                yield from _read_jsonl(source, f, text_field, max_chars)
+            elif kind == "parquet":
+                yield from _read_parquet(source, f, text_field, max_chars)
+            else:
+                yield from _read_mediawiki(source, f, max_chars)
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as err:
+        yield Skip(source, "file", "unreadable", f"{type(err).__name__}: {err}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# plain text
+
+
+class _HeadReader:
+    """readline(limit) over a stream whose first bytes were already read (to look for NUL)."""
+
+    def __init__(self, f, head: bytes):
+        self.f, self.head = f, head
+
+    def readline(self, limit: int) -> bytes:
+        if not self.head:
+            return self.f.readline(limit)
+        end = self.head.find(b"\n", 0, limit)
+        cut = end + 1 if end >= 0 else min(limit, len(self.head))
+        line, self.head = self.head[:cut], self.head[cut:]
+        if end < 0 and len(line) < limit and not self.head:
+            line += self.f.readline(limit - len(line))
+        return line
+
+    def read(self, n: int = -1) -> bytes:
+        if not self.head:
+            return self.f.read(n)
+        if n < 0:
+            data, self.head = self.head + self.f.read(), b""
+        else:
+            data, self.head = self.head[:n], self.head[n:]
+        return data
+
+
+def _open_head(f) -> tuple[_HeadReader, bytes]:
+    head = f.read(_HEAD)
+    return _HeadReader(f, head), head
+
+
+@dataclass
+class _Problem:
+    reason: str
+    detail: str
+
+
+def _line_pieces(reader: _HeadReader) -> Iterator[tuple[int, str | _Problem, bool]]:
+    """(line number, decoded piece of at most _CHUNK bytes or a _Problem, whether the piece ends the line).
+    After a problem the rest of its line is skipped and decoding restarts on the next line."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lineno, offset = 1, 0
+    while True:
+        raw = reader.readline(_CHUNK)
+        if not raw:  # end of file: close an unterminated last line
+            try:
+                tail = decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                yield lineno, _Problem("invalid_utf8", f"line {lineno} ends inside a UTF-8 sequence"), True
+                return
+            if offset:
+                yield lineno, tail, True
+            return
+        ends = raw.endswith(b"\n")
+        problem = None
+        if b"\0" in raw:
+            problem = _Problem("binary", f"NUL byte on line {lineno}: expected text")
+        else:
+            try:
+                piece = decoder.decode(raw, final=ends)
+            except UnicodeDecodeError as err:
+                bad = raw[err.start : err.start + 1].hex()
+                problem = _Problem(
+                    "invalid_utf8", f"byte 0x{bad} at line {lineno}, column {offset + err.start + 1}: expected UTF-8"
+                )
+        if problem is not None:
+            while not ends:  # drop the rest of the line
+                raw = reader.readline(_CHUNK)
+                ends = not raw or raw.endswith(b"\n")
+            decoder.reset()
+            yield lineno, problem, True
+        else:
+            yield lineno, piece, ends
+        offset = 0 if ends or problem else offset + len(raw)
+        if ends or problem:
+            lineno += 1
+
+
+def _read_text(source: str, f, split: str, max_chars: int) -> Iterator[Document | Skip]:
+    reader, head = _open_head(f)
+    if not head:
+        yield Skip(source, "file", "empty", "the file is empty: expected text")
+        return
+    if b"\0" in head:
+        yield Skip(source, "file", "binary", f"NUL byte in the first {len(head)} bytes: expected a text file")
+        return
+    by_file = split == "file"
+    parts: list[str] = []  # finished lines of the current document
+    line: list[str] = []  # pieces of the current line
+    line_blank = True
+    chars, start, documents, first = 0, 1, 0, True
+    problem: _Problem | None = None
+    started = False  # the current document has a line
+
+    def finish(location: str) -> Document | Skip:
+        if problem is not None:
+            return Skip(source, location, problem.reason, problem.detail)
+        text = "".join(parts)
+        if not text.strip():
+            return Skip(source, location, "empty", "the document is blank: expected text")
+        return Document(source, location, text)
+
+    for lineno, piece, ends in _line_pieces(reader):
+        if isinstance(piece, _Problem):  # the problem line is dropped whole
+            problem = problem or piece
+            if by_file:
+                break
+            if not started:
+                start, started = lineno, True
+            line, line_blank = [], True
+            continue
+        if first:
+            piece, first = piece.removeprefix("\ufeff"), False
+        if piece.strip():
+            line_blank = False
+        if problem is None:
+            line.append(piece)
+            chars += len(piece)
+            if chars > max_chars:
+                problem = _Problem("too_long", f"more than max_document_chars={max_chars} characters")
+                if by_file:
+                    break
+                parts, line = [], []
+        if not ends:
+            continue
+        if by_file or not line_blank:
+            if not started:
+                start, started = lineno, True
+            if problem is None:
+                parts.append("".join(line).replace("\r\n", "\n"))
+        elif started:  # a blank line ends the current document
+            yield finish(f"line {start}")
+            documents += 1
+            parts, chars, problem, started = [], 0, None, False
+        line, line_blank = [], True
+    if by_file:
+        yield finish("file")
+    elif started:
+        yield finish(f"line {start}")
+    elif documents == 0:
+        yield Skip(source, "file", "empty", "the file has only blank lines: expected text")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# JSONL
+
+
+def _read_jsonl(source: str, f, text_field: str, max_chars: int) -> Iterator[Document | Skip]:
+    reader, head = _open_head(f)
+    if not head:
+        yield Skip(source, "file", "empty", "the file is empty: expected JSON lines")
+        return
+    if b"\0" in head:
+        yield Skip(source, "file", "binary", f"NUL byte in the first {len(head)} bytes: expected JSON lines")
+        return
+    # a record may escape every character (\uXXXX, 6 bytes), so its line may be up to 6x the text limit
+    max_bytes = 6 * max_chars + 4096
+    buf: list[str] = []
+    size, too_long, records = 0, False, 0
+    for lineno, piece, ends in _line_pieces(reader):
+        if isinstance(piece, _Problem):
+            records += 1
+            yield Skip(source, f"line {lineno}", piece.reason, piece.detail)
+            buf, size, too_long = [], 0, False
+            continue
+        if not too_long:
+            buf.append(piece)
+            size += len(piece)
+            if size > max_bytes:
+                too_long, buf = True, []
+        if not ends:
+            continue
+        line = "".join(buf)
+        location = f"line {lineno}"
+        buf, size, was_too_long, too_long = [], 0, too_long, False
+        if was_too_long:
+            records += 1
+            yield Skip(source, location, "too_long", f"line longer than max_document_chars={max_chars} allows")
+            continue
+        if not line.strip():
+            continue
+        records += 1
+        yield _jsonl_record(source, location, line, text_field, max_chars)
+    if records == 0:
+        yield Skip(source, "file", "empty", "the file has no JSON records")
+
+
+def _jsonl_record(source: str, location: str, line: str, text_field: str, max_chars: int) -> Document | Skip:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        return Skip(source, location, "malformed_record", f"expected a JSON object: {err}")
+    if not isinstance(record, dict):
+        return Skip(source, location, "malformed_record", f"expected a JSON object, got {type(record).__name__}")
+    if text_field not in record:
+        keys = ", ".join(sorted(record)[:10])
+        return Skip(source, location, "missing_field", f"no {text_field!r} field (fields: {keys})")
+    text = record[text_field]
+    if not isinstance(text, str):
+        return Skip(
+            source, location, "malformed_record", f"field {text_field!r} must be a string, got {type(text).__name__}"
+        )
+    return _checked(source, location, text, max_chars)
+
+
+def _checked(source: str, location: str, text: str, max_chars: int) -> Document | Skip:
+    if not text.strip():
+        return Skip(source, location, "empty", "the document is blank: expected text")
+    if len(text) > max_chars:
+        return Skip(source, location, "too_long", f"{len(text)} characters > max_document_chars={max_chars}")
+    return Document(source, location, text)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parquet
+
+
+def _read_parquet(source: str, f, text_field: str, max_chars: int) -> Iterator[Document | Skip]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(f)
+    except (pa.ArrowException, OSError) as err:
+        yield Skip(source, "file", "malformed_parquet", f"expected a Parquet file: {err}")
+        return
+    names = pf.schema_arrow.names
+    if text_field not in names:
+        yield Skip(source, "file", "missing_field", f"no column {text_field!r} (columns: {', '.join(names[:10])})")
+        return
+    if pf.metadata.num_rows == 0:
+        yield Skip(source, "file", "empty", "the Parquet file has no rows")
+        return
+    row = 0
+    try:
+        for batch in pf.iter_batches(columns=[text_field], batch_size=256):
+            for value in batch.column(0).to_pylist():
+                row += 1
+                location = f"row {row}"
+                if value is None:
+                    yield Skip(source, location, "empty", f"column {text_field!r} is null: expected text")
+                elif not isinstance(value, str):
+                    detail = f"column {text_field!r} must hold strings, got {type(value).__name__}"
+                    yield Skip(source, location, "malformed_record", detail)
+                else:
+                    yield _checked(source, location, value, max_chars)
+    except pa.ArrowException as err:
+        yield Skip(source, f"row {row + 1}", "malformed_parquet", f"unreadable from here on: {err}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MediaWiki XML
+
+
+def _read_mediawiki(source: str, f, max_chars: int) -> Iterator[Document | Skip]:
+    import xml.etree.ElementTree as ET
+
+    def local(tag: str) -> str:
+        return tag.rsplit("}", 1)[-1]
+
+    reader, head = _open_head(f)
+    if not head:
+        yield Skip(source, "file", "empty", "the file is empty: expected a MediaWiki XML export")
+        return
+    if b"\0" in head:
+        yield Skip(source, "file", "binary", f"NUL byte in the first {len(head)} bytes: expected XML")
+        return
+    root = None
+    pages = 0
+    try:
+        for event, elem in ET.iterparse(reader, events=("start", "end")):
+            if root is None:
+                root = elem
+                if local(elem.tag) != "mediawiki":
+                    yield Skip(source, "file", "malformed_xml", f"expected a <mediawiki> export, found <{elem.tag}>")
+                    return
+            if event != "end" or local(elem.tag) != "page":
+                continue
+            pages += 1
+            fields = {local(child.tag): child for child in elem}
+            title = (fields["title"].text or "") if "title" in fields else ""
+            page_id = (fields["id"].text or "?") if "id" in fields else "?"
+            location = f"page {page_id} ({title})"
+            ns = (fields["ns"].text or "").strip() if "ns" in fields else "0"
+            text_elem = None
+            if "revision" in fields:
+                text_elem = next((c for c in fields["revision"] if local(c.tag) == "text"), None)
+            wikitext = (text_elem.text or "") if text_elem is not None else ""
+            if ns != "0":
+                yield Skip(source, location, "namespace", f"namespace {ns} is not an article")
+            elif "redirect" in fields or re.match(r"\s*#redirect", wikitext, re.IGNORECASE):
+                yield Skip(source, location, "redirect", "redirect page")
+            elif not wikitext.strip():
+                yield Skip(source, location, "empty", "the page has no text")
+            else:
+                text = strip_wikitext(wikitext)
+                if not text:
+                    yield Skip(source, location, "markup_only", "no prose left after removing markup")
+                else:
+                    yield _checked(source, location, text, max_chars)
+            root.clear()  # drop finished pages: memory stays at one page
+    except ET.ParseError as err:
+        line, column = err.position
+        yield Skip(
+            source,
+            f"line {line}, column {column}",
+            "malformed_xml",
+            f"expected well-formed XML ({err}); the rest of the file is unread after {pages} pages",
+        )
+        return
+    if pages == 0:
+        yield Skip(source, "file", "empty", "the export has no <page>")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# wikitext → prose
+
+_DROP_SECTIONS = {
+    "references",
+    "external links",
+    "see also",
+    "further reading",
+    "notes",
+    "bibliography",
+    "sources",
+    "footnotes",
+    "notes and references",
+    "citations",
+}
+_LINK_NAMESPACES = {"file", "image", "category", "media"}
+_DROP_TAGS = "ref|math|gallery|timeline|imagemap|score|syntaxhighlight|source|chem|ce|hiero|graph|templatedata"
+_RE_COMMENT = re.compile(r"<!--.*?(?:-->|$)", re.DOTALL)
+_RE_DROP_TAG = re.compile(rf"<({_DROP_TAGS})\b[^>]*?(?:/>|>.*?</\1\s*>)", re.DOTALL | re.IGNORECASE)
+_RE_SELF_CLOSING_REF = re.compile(r"<ref\b[^>]*/>", re.IGNORECASE)
+_RE_TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*\b[^<>]*?/?>")
+_RE_BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
+_RE_TEMPLATE = re.compile(r"\{\{(?:(?!\{\{|\}\}).)*\}\}", re.DOTALL)
+_RE_TABLE = re.compile(r"\{\|(?:(?!\{\||\|\}).)*\|\}", re.DOTALL)
+_RE_LINK = re.compile(r"\[\[([^\[\]]*)\]\]")
+_RE_EXTERNAL = re.compile(r"\[(?:https?:|ftp:)?//[^\s\]]*\s*([^\]]*)\]")
+_RE_BOLD_ITALIC = re.compile(r"'{2,}")
+_RE_HEADING = re.compile(r"^(=+)\s*(.*?)\s*\1\s*$")
+_RE_MAGIC = re.compile(r"__[A-Z]+__")
+_RE_EMPTY_PARENS = re.compile(r"\(\s*[,;:]?\s*\)")
+_RE_PAREN_LEAD = re.compile(r"\(\s*[,;:]\s*")
+_RE_SPACES = re.compile(r"[ \t\u00a0]+")
+_RE_SPACE_PUNCT = re.compile(r" +([,.;:!?)])")
+
+
+def _replace_until_stable(pattern: re.Pattern, repl, text: str) -> str:
+    while True:
+        new = pattern.sub(repl, text)
+        if new == text:
+            return text
+        text = new
+
+
+def _link(match: re.Match) -> str:
+    target, _, label = match.group(1).partition("|")
+    prefix, colon, _ = target.partition(":")
+    prefix = prefix.strip().lower()
+    if colon and prefix in _LINK_NAMESPACES:
+        return ""  # files, images, categories
+    if label:
+        return label.rsplit("|", 1)[-1]
+    if colon and re.fullmatch(
+        r"[a-z]{2,3}(-[a-z]+)*|simple|wikt|wiktionary|commons|meta|wikipedia|wp|template|help|portal|[sqbnv]", prefix
+    ):
+        return ""  # an interlanguage / interwiki link without a label
+    return target.lstrip(":").split("#", 1)[0] or target.split("#", 1)[-1]
+
+
+def strip_wikitext(text: str) -> str:
+    """Wikitext to plain prose: templates (nested), tables, refs, comments, files, categories and
+    interlanguage links removed; [[target|label]] → label; '''bold''' and ''italic'' unmarked; HTML tags
+    removed keeping their text; headings become their own paragraph; reference sections dropped.
+    Paragraphs are separated by a blank line."""
+    text = _RE_COMMENT.sub("", text)
+    text = _RE_SELF_CLOSING_REF.sub("", text)
+    text = _RE_DROP_TAG.sub("", text)
+    text = _replace_until_stable(_RE_TEMPLATE, "", text)
+    text = _replace_until_stable(_RE_TABLE, "", text)
+    text = _replace_until_stable(_RE_LINK, _link, text)
+    text = _RE_EXTERNAL.sub(r"\1", text)
+    text = _RE_BR.sub(" ", text)
+    text = _RE_TAG.sub("", text)
+    text = _RE_BOLD_ITALIC.sub("", text)
+    text = _RE_MAGIC.sub("", text)
+    text = text.replace("{{", "").replace("}}", "")
+    text = html.unescape(text)
+
+    paragraphs: list[str] = []
+    current: list[str] = []
+    dropping = False
+
+    def flush():
+        if current:
+            paragraphs.append(" ".join(current))
+            current.clear()
+
+    for raw in text.split("\n"):
+        line = raw.strip()
+        heading = _RE_HEADING.match(line)
+        if heading:
+            flush()
+            title = heading.group(2).strip()
+            dropping = title.lower() in _DROP_SECTIONS
+            if title and not dropping:
+                paragraphs.append(title)
+            continue
+        if dropping:
+            continue
+        if not line or line.startswith(("|", "!")) or set(line) <= {"-"}:
+            flush()
+            continue
+        if line[0] in "*#:;":  # list item / indentation: its own paragraph
+            flush()
+            line = line.lstrip("*#:; ")
+            if line:
+                paragraphs.append(line)
+            continue
+        current.append(line)
+    flush()
+
+    cleaned = []
+    for p in paragraphs:
+        p = _RE_EMPTY_PARENS.sub("", p)
+        p = _RE_PAREN_LEAD.sub("(", p)
+        p = _RE_SPACES.sub(" ", p)
+        p = _RE_SPACE_PUNCT.sub(r"\1", p).strip()
+        if any(c.isalnum() for c in p):
+            cleaned.append(p)
+    return "\n\n".join(cleaned)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sentences
+
+# Titles and abbreviations that do not end a sentence before a capitalized word or a number.
+_ABBREVIATIONS = frozenset(
+    """mr mrs ms dr prof rev hon gen gov sen rep col lt capt cmdr sgt maj adm brig st mt ft fr sr sra srta
+    mme mlle messrs mssrs no nos vol vols fig figs pp p art ch sec secs op cf vs v viz approx ca dept
+    univ assn bros jan feb mar apr jun jul aug sep sept oct nov dec""".split()
+)
+# Abbreviations that often end a sentence too: a boundary if the next word is capitalized.
+_FINAL_ABBREVIATIONS = frozenset("etc inc ltd co corp jr esq al".split())
+# Words that begin sentences: after an acronym ("U.S."), a boundary only before one of these.
+_STARTERS = frozenset(
+    """a an the this that these those it its he she we they i you his her our their my your there here
+    but and or so yet if when while as after before in on at for of to from by with however meanwhile
+    then thus today tomorrow yesterday what who why how where which no not all some many most""".split()
+)
+_OPEN_PUNCT = "\"'“‘«([{"
+_RE_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*(?=\s|$)|[。！？]+[\"”’」』)]*")
+_RE_PARAGRAPH = re.compile(r"\n\s*\n")
+
+
+def _is_boundary(prev: str, terminator: str, next_word: str) -> bool:
+    if not next_word:
+        return True
+    if terminator[0] in "。！？":
+        return True
+    first = next_word.lstrip(_OPEN_PUNCT)[:1]
+    if first.islower():
+        return False  # "e.g. the", "approx. five", '"Go!" she said'
+    if "!" in terminator or "?" in terminator:
+        return True
+    if not terminator.startswith(".") or terminator.startswith(".."):
+        return True  # ellipsis before a capital
+    word = prev.lstrip(_OPEN_PUNCT)
+    lower = word.lower()
+    if lower in _ABBREVIATIONS:
+        return False
+    if lower in _FINAL_ABBREVIATIONS:
+        return first.isupper()
+    if len(word) == 1 and word.isupper() and word != "I":
+        return False  # an initial: "J. R. R. Tolkien"
+    if re.fullmatch(r"(?:[A-Za-z]\.)+[A-Za-z]", word):  # acronym "U.S", "e.g", "a.m"
+        return next_word.lstrip(_OPEN_PUNCT).lower().rstrip(",;:") in _STARTERS
+    return True
+
+
+def split_sentences(text: str) -> list[str]:
+    """Rule-based sentence splitter. Paragraph breaks (blank lines) always end a sentence; single newlines
+    and runs of whitespace become one space. A '.', '!', '?' or '…' (with closing quotes/brackets) followed
+    by whitespace ends a sentence unless the next word is lower-case, or the period ends a title or
+    abbreviation ("Mr.", "Dr.", "No. 5", "etc." before a lower-case word), an initial ("J. Smith") or an
+    acronym not followed by a typical sentence opener ("the U.S. Army" vs "the U.S. He ..."). Decimals
+    ("3.14") never split (no space after the period). CJK full stops split without a space."""
+    sentences: list[str] = []
+    for paragraph in _RE_PARAGRAPH.split(text):
+        para = " ".join(paragraph.split())
+        start = 0
+        for match in _RE_SENTENCE_END.finditer(para):
+            end = match.end()
+            prev_match = re.search(r"(\S*)$", para[start : match.start()])
+            prev = prev_match.group(1) if prev_match else ""
+            next_match = re.match(r"\s*(\S*)", para[end:])
+            next_word = next_match.group(1) if next_match else ""
+            if _is_boundary(prev, match.group(), next_word):
+                sentence = para[start:end].strip()
+                if sentence:
+                    sentences.append(sentence)
+                start = end
+        rest = para[start:].strip()
+        if rest:
+            sentences.append(rest)
+    return sentences
