@@ -1,0 +1,234 @@
+"""Sentence-pair examples for pretraining: ``[CLS] A [SEP] B [SEP]`` with an SOP, NSP or no pair label.
+
+The algorithm follows BERT/ALBERT's create_pretraining_data, per document:
+
+- accumulate sentences into a chunk until it reaches a target length (``max_seq_length - 3``, or with probability
+  ``short_seq_prob`` a random length in [2, max_seq_length - 3], drawn afresh for every chunk);
+- split the chunk at a random sentence boundary into A and B;
+- SOP: with p=0.5 swap A and B (label 1 = swapped). NSP: with p=0.5 replace B by sentences from a random other
+  document (label 1 = random) and put the unused sentences back. none: label IGNORE_LABEL (-100);
+- truncate the longer side, one token at a time from a random end, until the pair fits.
+
+Where the original takes B from a random document because a chunk holds one sentence (which leaks NSP into SOP),
+the sentence's tokens are split at a random point into A and B instead (under NSP a random B follows the whole
+sentence, as in the original; nothing leaks there). Sentences longer than
+``max_seq_length - 3`` are first cut into even consecutive pieces so their tokens are not thrown away.
+Documents with fewer than two tokens cannot form a pair: they are counted in ``PairResult.skipped_documents``
+so the preprocess manifest can account for every document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+IGNORE_LABEL = -100
+OBJECTIVES = ("sop", "nsp", "none")
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    max_seq_length: int = 512
+    short_seq_prob: float = 0.1
+    objective: str = "sop"  # sop | nsp | none
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_seq_length, int) or self.max_seq_length < 5:
+            raise ValueError(
+                f"PairConfig.max_seq_length must be an int >= 5 ([CLS] a [SEP] b [SEP]), got {self.max_seq_length!r}"
+            )
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise ValueError(f"PairConfig.short_seq_prob must be in [0, 1], got {self.short_seq_prob!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"PairConfig.objective must be one of {OBJECTIVES}, got {self.objective!r}")
+
+    @property
+    def max_pair_tokens(self) -> int:
+        """Room for A and B together: the sequence less [CLS] and two [SEP]."""
+        return self.max_seq_length - 3
+
+
+@dataclass(frozen=True)
+class PairExample:
+    input_ids: list[int]  # [CLS] A [SEP] B [SEP]
+    token_type_ids: list[int]  # 0 for [CLS] A [SEP], 1 for B [SEP]
+    pair_label: int  # SOP: 1 = swapped; NSP: 1 = B is random; none: IGNORE_LABEL
+    doc_index: int  # position of the source document in the ``documents`` argument
+
+
+@dataclass
+class PairResult:
+    """Examples plus the accounting: documents_used + sum(skipped_documents.values()) == len(documents)."""
+
+    examples: list[PairExample]
+    documents_used: int
+    # reason -> documents that produced no example: "no_tokens" (empty), "single_token" (one token in all)
+    skipped_documents: dict[str, int] = field(default_factory=dict)
+    # "one_token_chunks_dropped": a document's last chunk of one token (that token is not used);
+    # "long_sentences_split": sentences cut into pieces of at most max_seq_length - 3 tokens;
+    # "nsp_no_other_document": NSP draws that wanted a random B but no other document had tokens (kept label 0)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def create_pairs(
+    documents: Sequence[Sequence[Sequence[int]]],
+    *,
+    config: PairConfig,
+    rng: np.random.Generator,
+    cls_id: int,
+    sep_id: int,
+) -> PairResult:
+    """Pair examples from documents (documents -> sentences -> token ids), deterministic for a given ``rng`` state."""
+    prepared = [_prepare_document(doc, config.max_pair_tokens, index) for index, doc in enumerate(documents)]
+    counts = {
+        "one_token_chunks_dropped": 0,
+        "long_sentences_split": sum(n_split for _, n_split in prepared),
+        "nsp_no_other_document": 0,
+    }
+    sentences_of = [sentences for sentences, _ in prepared]
+    non_empty = np.flatnonzero([len(sentences) > 0 for sentences in sentences_of])
+
+    examples: list[PairExample] = []
+    skipped = {"no_tokens": 0, "single_token": 0}
+    documents_used = 0
+    for doc_index, sentences in enumerate(sentences_of):
+        n_tokens = sum(len(s) for s in sentences)
+        if n_tokens < 2:
+            skipped["no_tokens" if n_tokens == 0 else "single_token"] += 1
+            continue
+        documents_used += 1
+        builder = _PairBuilder(config, rng, cls_id, sep_id, sentences_of, non_empty, doc_index, counts)
+        examples.extend(builder.run())
+    return PairResult(examples=examples, documents_used=documents_used, skipped_documents=skipped, counts=counts)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# internals
+
+
+def _prepare_document(document: Sequence[Sequence[int]], max_pair_tokens: int, index: int) -> tuple[list, int]:
+    """Non-empty sentences as int lists, long ones cut into even pieces; returns (sentences, number cut)."""
+    if isinstance(document, (str, bytes)):
+        raise ValueError(f"document {index}: expected a sequence of sentences (token id lists), got {type(document)}")
+    sentences: list[list[int]] = []
+    n_split = 0
+    for s_index, sentence in enumerate(document):
+        if isinstance(sentence, (str, bytes)) or not hasattr(sentence, "__len__"):
+            raise ValueError(
+                f"document {index}, sentence {s_index}: expected a sequence of token ids, got {type(sentence).__name__}"
+            )
+        tokens = sentence.tolist() if isinstance(sentence, np.ndarray) else [int(t) for t in sentence]
+        if not tokens:
+            continue
+        if len(tokens) <= max_pair_tokens:
+            sentences.append(tokens)
+            continue
+        n_split += 1
+        n_pieces = -(-len(tokens) // max_pair_tokens)
+        bounds = np.linspace(0, len(tokens), n_pieces + 1).round().astype(int)
+        sentences.extend(tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    return sentences, n_split
+
+
+def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: np.random.Generator) -> tuple[list, list]:
+    """The original's loop in closed form: remove from the longer side (B on ties), each token from a random end."""
+    excess = len(a) + len(b) - max_tokens
+    if excess <= 0:
+        return a, b
+    # The longer side loses tokens until the two are equal, then removals alternate starting with B.
+    gap = min(excess, abs(len(a) - len(b)))
+    rest = excess - gap
+    cut_a = rest // 2 + (gap if len(a) > len(b) else 0)
+    cut_b = rest - rest // 2 + (gap if len(b) > len(a) else 0)
+    front_a = int(rng.binomial(cut_a, 0.5))
+    front_b = int(rng.binomial(cut_b, 0.5))
+    return a[front_a : len(a) - (cut_a - front_a)], b[front_b : len(b) - (cut_b - front_b)]
+
+
+class _PairBuilder:
+    """Turns one document into pair examples (the state of the chunk loop)."""
+
+    def __init__(self, config, rng, cls_id, sep_id, sentences_of, non_empty, doc_index, counts):
+        self.config, self.rng, self.cls_id, self.sep_id = config, rng, cls_id, sep_id
+        self.sentences_of, self.non_empty, self.doc_index, self.counts = sentences_of, non_empty, doc_index, counts
+
+    def target_length(self) -> int:
+        if self.rng.random() < self.config.short_seq_prob:
+            return int(self.rng.integers(2, self.config.max_pair_tokens + 1))
+        return self.config.max_pair_tokens
+
+    def run(self) -> list[PairExample]:
+        sentences = self.sentences_of[self.doc_index]
+        examples: list[PairExample] = []
+        chunk: list[list[int]] = []
+        length = 0
+        target = self.target_length()
+        i = 0
+        while i < len(sentences):
+            chunk.append(sentences[i])
+            length += len(sentences[i])
+            if i == len(sentences) - 1 or length >= target:
+                example, unused = self.make_example(chunk, target)
+                if example is not None:
+                    examples.append(example)
+                i -= unused
+                chunk, length, target = [], 0, self.target_length()
+            i += 1
+        return examples
+
+    def make_example(self, chunk: list[list[int]], target: int) -> tuple[PairExample | None, int]:
+        """One example from a chunk; also returns how many of its sentences to put back (NSP random B)."""
+        rng = self.rng
+        if len(chunk) == 1 and len(chunk[0]) < 2:
+            self.counts["one_token_chunks_dropped"] += 1
+            return None, 0
+        objective = self.config.objective
+        if objective == "nsp" and rng.random() < 0.5:
+            a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
+            a = [t for s in chunk[:a_end] for t in s]
+            b = self.random_b(max(1, target - len(a)))
+            if b is not None:
+                a, b = _truncate_pair(a, b, self.config.max_pair_tokens, rng)
+                return self.example(a, b, label=1), len(chunk) - a_end
+            self.counts["nsp_no_other_document"] += 1
+
+        if len(chunk) >= 2:
+            a_end = int(rng.integers(1, len(chunk)))
+            a = [t for s in chunk[:a_end] for t in s]
+            b = [t for s in chunk[a_end:] for t in s]
+        else:  # one sentence: its two halves, never B from another document (that would leak NSP into SOP)
+            cut = int(rng.integers(1, len(chunk[0])))
+            a, b = chunk[0][:cut], chunk[0][cut:]
+        if objective == "sop":
+            label = int(rng.random() < 0.5)
+            if label:
+                a, b = b, a
+        elif objective == "nsp":
+            label = 0
+        else:
+            label = IGNORE_LABEL
+        a, b = _truncate_pair(a, b, self.config.max_pair_tokens, rng)
+        return self.example(a, b, label=label), 0
+
+    def example(self, a: list[int], b: list[int], *, label: int) -> PairExample:
+        input_ids = [self.cls_id, *a, self.sep_id, *b, self.sep_id]
+        token_type_ids = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+        return PairExample(input_ids, token_type_ids, label, self.doc_index)
+
+    def random_b(self, target_b_length: int) -> list[int] | None:
+        """Consecutive sentences from a random start in a uniformly random other non-empty document."""
+        others = self.non_empty.size - 1
+        if others < 1:
+            return None
+        pick = int(self.rng.integers(others))
+        self_position = int(np.searchsorted(self.non_empty, self.doc_index))
+        other = int(self.non_empty[pick + (pick >= self_position)])
+        sentences = self.sentences_of[other]
+        b: list[int] = []
+        for sentence in sentences[int(self.rng.integers(len(sentences))) :]:
+            b.extend(sentence)
+            if len(b) >= target_b_length:
+                break
+        return b
