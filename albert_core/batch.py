@@ -1,0 +1,100 @@
+"""MLM + sentence-pair training batches from pair examples, with dynamic n-gram masking.
+
+Each row is masked with ``example_rng(seed, epoch, example_id)``, so its mask depends only on those three numbers:
+not on the batch it lands in, the worker that builds it, or the order rows arrive in. A resumed run re-creates the
+same masks, and a new epoch draws new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from albert_core.masking import IGNORE_INDEX, example_rng, ngram_mask
+
+PAD_MULTIPLE = 8  # seq_len=None pads to the longest row rounded up to this, so few distinct shapes reach compile
+
+
+def padded_length(longest: int, multiple: int = PAD_MULTIPLE) -> int:
+    """``longest`` rounded up to a multiple of ``multiple`` (at least one multiple)."""
+    return max(multiple, -(-longest // multiple) * multiple)
+
+
+def mlm_batch(
+    input_ids: Sequence[Sequence[int]],
+    token_type_ids: Sequence[Sequence[int]],
+    pair_labels: Sequence[int],
+    word_starts: Sequence[Sequence[bool]],
+    example_ids: Sequence[int],
+    *,
+    seed: int,
+    epoch: int,
+    seq_len: int | None,
+    vocab_size: int,
+    special_ids: Iterable[int],
+    mask_id: int,
+    pad_id: int = 0,
+    mask_prob: float = 0.15,
+    max_ngram: int = 3,
+) -> dict[str, np.ndarray]:
+    """A masked batch: input_ids, attention_mask, token_type_ids, mlm_labels (B x T, int64) and pair_labels (B,).
+
+    seq_len=None pads to the longest row rounded up to a multiple of 8; an int pads every batch to exactly that
+    (static shapes for XLA) and rejects longer rows. Padding has attention_mask 0, token type 0 and label -100.
+    """
+    n_rows = len(input_ids)
+    for name, column in (
+        ("token_type_ids", token_type_ids),
+        ("pair_labels", pair_labels),
+        ("word_starts", word_starts),
+        ("example_ids", example_ids),
+    ):
+        if len(column) != n_rows:
+            raise ValueError(f"mlm_batch: {name} has {len(column)} rows but input_ids has {n_rows}")
+    if n_rows == 0:
+        raise ValueError("mlm_batch: empty batch (no rows)")
+    special = [int(i) for i in special_ids]
+    if pad_id not in special:
+        special.append(pad_id)
+
+    rows = [np.asarray(row, dtype=np.int64) for row in input_ids]
+    longest = max(row.size for row in rows)
+    if seq_len is None:
+        width = padded_length(longest)
+    else:
+        if seq_len < 1:
+            raise ValueError(f"mlm_batch: seq_len must be a positive int or None, got {seq_len}")
+        width = seq_len
+    batch = {
+        "input_ids": np.full((n_rows, width), pad_id, dtype=np.int64),
+        "attention_mask": np.zeros((n_rows, width), dtype=np.int64),
+        "token_type_ids": np.zeros((n_rows, width), dtype=np.int64),
+        "mlm_labels": np.full((n_rows, width), IGNORE_INDEX, dtype=np.int64),
+        "pair_labels": np.asarray(pair_labels, dtype=np.int64).reshape(n_rows),
+    }
+    columns = zip(rows, token_type_ids, word_starts, example_ids, strict=True)
+    for r, (ids, types, starts, example_id) in enumerate(columns):
+        n = ids.size
+        where = f"mlm_batch: row {r} (example {example_id})"
+        if n > width:
+            raise ValueError(f"{where} has {n} tokens, more than seq_len={width}")
+        types = np.asarray(types, dtype=np.int64)
+        for name, size in (("token_type_ids", types.size), ("word_starts", len(starts))):
+            if size != n:
+                raise ValueError(f"{where} has {size} {name} for {n} input_ids")
+        masked, labels = ngram_mask(
+            ids,
+            starts,
+            rng=example_rng(seed, epoch, int(example_id)),
+            mask_prob=mask_prob,
+            max_ngram=max_ngram,
+            vocab_size=vocab_size,
+            special_ids=special,
+            mask_id=mask_id,
+        )
+        batch["input_ids"][r, :n] = masked
+        batch["attention_mask"][r, :n] = 1
+        batch["token_type_ids"][r, :n] = types
+        batch["mlm_labels"][r, :n] = labels
+    return batch
