@@ -3,7 +3,8 @@
 GLUE values are fractions in [0, 1] (as the GLUE/BERT evaluation code returns them); SQuAD values are
 percentages (as the official SQuAD evaluation scripts print them).
 
-- GLUE: accuracy, binary F1 (positive class 1), Matthews correlation (CoLA, AX), Pearson and Spearman (STS-B).
+- GLUE: accuracy, binary F1 (positive class 1), Matthews correlation (CoLA; multi-class for AX), Pearson and
+  Spearman (STS-B).
   Degenerate cases follow scikit-learn / SciPy, which the GLUE evaluation uses: MCC is 0 when a row or column of
   the confusion matrix is empty, F1 is 0 when there is neither a true nor a predicted positive, and Pearson /
   Spearman are NaN when either input is constant.
@@ -68,12 +69,19 @@ def f1_binary(predictions, labels) -> float:
 
 
 def matthews_corrcoef(predictions, labels) -> float:
-    """(tp·tn − fp·fn) / √((tp+fp)(tp+fn)(tn+fp)(tn+fn)); 0 when any factor is 0 (e.g. one class only)."""
-    tp, fp, fn, tn = _binary_counts(predictions, labels)
-    denominator = float(tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)
+    """Matthews correlation, the multi-class form (Gorodkin's R_K, as scikit-learn computes it):
+    (c·s − t·p) / √((s² − p·p)(s² − t·t)) with c correct, s total, t / p the per-class label / prediction counts.
+    Binary: (tp·tn − fp·fn) / √((tp+fp)(tp+fn)(tn+fp)(tn+fn)). 0 when the denominator is 0 (e.g. one class only).
+    """
+    predictions, labels = _pair(predictions, labels)
+    classes, indices = np.unique(np.concatenate([labels, predictions]), return_inverse=True)
+    true_counts = np.bincount(indices[: len(labels)], minlength=len(classes)).astype(np.float64)
+    pred_counts = np.bincount(indices[len(labels) :], minlength=len(classes)).astype(np.float64)
+    correct, total = float(np.sum(predictions == labels)), float(len(labels))
+    denominator = (total**2 - pred_counts @ pred_counts) * (total**2 - true_counts @ true_counts)
     if denominator == 0:
         return 0.0
-    return float((tp * tn - fp * fn) / np.sqrt(denominator))
+    return float((correct * total - true_counts @ pred_counts) / np.sqrt(denominator))
 
 
 def pearson(x, y) -> float:

@@ -47,12 +47,19 @@ def test_mcc_is_minus_one_for_inverted_predictions():
 
 def test_mcc_is_zero_when_all_labels_are_one_class():
     # tp=2 fp=0 fn=1 tn=0: tn+fp = 0 (no label 0) -> a zero factor in the denominator -> 0
+    # (multi-class form: t = [0, 3], s = 3 -> s^2 - t.t = 0)
     assert M.matthews_corrcoef([1, 0, 1], [1, 1, 1]) == 0.0
 
 
 def test_mcc_is_zero_when_all_predictions_are_one_class():
     # constant predictions (the majority-class baseline) -> tp+fp = 0 -> 0
     assert M.matthews_corrcoef([0, 0, 0, 0], [1, 0, 1, 0]) == 0.0
+
+
+def test_mcc_multiclass_hand_case():
+    # labels [0,1,2,0,1,2] preds [0,1,2,0,2,1]: c = 4 correct, s = 6, t = p = [2,2,2] -> t.p = p.p = t.t = 12
+    # (4*6 - 12) / sqrt((36 - 12) * (36 - 12)) = 12 / 24 = 0.5
+    assert M.matthews_corrcoef([0, 1, 2, 0, 2, 1], [0, 1, 2, 0, 1, 2]) == pytest.approx(0.5)
 
 
 def test_pearson_hand_case():
@@ -116,6 +123,10 @@ def test_glue_metrics_agree_with_scipy_and_sklearn():
     rng = np.random.default_rng(0)
     preds, labels = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
     assert M.matthews_corrcoef(preds, labels) == pytest.approx(sklearn_metrics.matthews_corrcoef(labels, preds))
+    three_way_preds, three_way_labels = rng.integers(0, 3, 200), rng.integers(0, 3, 200)
+    assert M.matthews_corrcoef(three_way_preds, three_way_labels) == pytest.approx(
+        sklearn_metrics.matthews_corrcoef(three_way_labels, three_way_preds)
+    )
     assert M.f1_binary(preds, labels) == pytest.approx(sklearn_metrics.f1_score(labels, preds))
     x = rng.integers(0, 6, 300).astype(float)  # many ties
     y = x + rng.normal(0, 2, 300)
