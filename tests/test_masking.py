@@ -284,3 +284,11 @@ def test_any_example_keeps_the_invariants(pieces, sep_after, seed, max_ngram):
     boundary = word_boundaries(ids, ws)
     assert boundary[np.flatnonzero(~padded[:-1] & padded[1:])].all()
     assert boundary[np.flatnonzero(padded[:-1] & ~padded[1:])].all()
+
+
+def test_a_word_longer_than_the_budget_is_never_split():
+    ids = np.array([CLS, 10, 11, SEP, 12, 13, SEP])  # 4 real tokens: budget 1, every word has 2 pieces
+    ws = np.array([1, 1, 0, 1, 1, 0, 1], dtype=bool)
+    for i in range(20):
+        _, labels = mask(ids, ws, example_rng(0, 0, i))
+        assert (labels == IGNORE_INDEX).all()
