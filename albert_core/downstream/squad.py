@@ -300,6 +300,7 @@ def make_features(
         raise ValueError(f"doc_stride must be positive, got {doc_stride}")
     features: list[SquadFeature] = []
     skipped = 0
+    encoded_contexts: dict[str, _EncodedContext] = {}  # a paragraph is shared by ~5 questions: encode it once
     for example_index, example in enumerate(examples):
         query = list(encode(example.question))[:max_query_length]
         max_context_tokens = max_seq_length - len(query) - 3
@@ -308,7 +309,9 @@ def make_features(
                 f"max_seq_length {max_seq_length} leaves no room for the context after a {len(query)}-token "
                 f"question (qid {example.qid}); lower max_query_length"
             )
-        context = _encode_context(example, encode, id_to_piece)
+        context = encoded_contexts.get(example.context)
+        if context is None:
+            context = encoded_contexts[example.context] = _encode_context(example, encode, id_to_piece)
         answer = _answer_token_span(example, context, encode)
         if is_training and answer is None and not example.is_impossible:
             skipped += 1
