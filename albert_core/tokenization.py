@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from albert_core.corpus import split_sentences
+
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "spiece.model"
@@ -84,11 +86,29 @@ def is_word_start_piece(piece: str) -> bool:
 
 
 def _training_lines(texts: Iterable[str], config: TokenizerTrainConfig) -> Iterator[str]:
+    """One normalized sentence per line, as SentencePiece expects. Texts may be whole documents (a speech
+    on a single line): they are split into sentences, and a sentence SentencePiece would drop for its
+    length (> max_sentence_length bytes) is cut at spaces into pieces it keeps."""
+    limit = config.max_sentence_length
     for text in texts:
-        for line in text.splitlines():
-            line = preprocess_text(line, lower_case=config.lower_case, keep_accents=config.keep_accents).strip()
-            if line:
-                yield line
+        for sentence in split_sentences(text):
+            line = preprocess_text(sentence, lower_case=config.lower_case, keep_accents=config.keep_accents).strip()
+            if len(line.encode("utf-8")) <= limit:
+                if line:
+                    yield line
+                continue
+            piece: list[str] = []
+            size = 0
+            for word in line.split():
+                n = len(word.encode("utf-8")) + 1
+                if piece and size + n > limit:
+                    yield " ".join(piece)
+                    piece, size = [], 0
+                if n <= limit:  # a single "word" longer than the limit is dropped
+                    piece.append(word)
+                    size += n
+            if piece:
+                yield " ".join(piece)
 
 
 def _train_model_bytes(lines: list[str], config: TokenizerTrainConfig, vocab_size: int) -> bytes:

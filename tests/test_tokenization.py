@@ -122,6 +122,13 @@ def test_too_small_vocab_raises_with_the_size_the_characters_need(tmp_path):
         train_tokenizer(TEXTS, tmp_path, TokenizerTrainConfig(vocab_size=50))
 
 
+def test_documents_on_one_long_line_are_used_for_training(tmp_path):
+    # one 4 KB "document" per text, longer than max_sentence_length: still learned, sentence by sentence
+    config = TokenizerTrainConfig(vocab_size=300, max_sentence_length=200)
+    tok = Tokenizer.load(train_tokenizer([" ".join(TEXTS[:20])] * 3, tmp_path, config))
+    assert len(tok.encode("the harbour")) < len("the harbour")
+
+
 def test_empty_training_texts_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="empty"):
         train_tokenizer(["", "   ", "\n\n"], tmp_path)
