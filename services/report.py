@@ -1,0 +1,214 @@
+"""What a run shows its user: a live progress bar and TensorBoard events while it trains, a report when it ends.
+
+All of it reads `<run_dir>/metrics.jsonl` (one JSON object per line; "kind" is "train", "eval" or "event"),
+which the coordinator writes. Nothing here touches the training itself.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every complete line of the metrics log (a line being written is left for the next read)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _follow(path: Path, stop: threading.Event, poll_s: float) -> Iterator[dict[str, Any]]:
+    """Yield complete lines as they are appended; after `stop` is set, drain what is there once more and end."""
+    offset = 0
+    while True:
+        stopping = stop.is_set()
+        if path.exists():
+            with path.open("rb") as f:
+                f.seek(offset)
+                while line := f.readline():
+                    if not line.endswith(b"\n"):
+                        break  # partial line: read it again next time
+                    offset += len(line)
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+        if stopping:
+            return
+        stop.wait(poll_s)
+
+
+class LiveView:
+    """Follows metrics.jsonl in a thread: a rich progress bar on the terminal and TensorBoard event files."""
+
+    def __init__(self, run_dir: str | Path, total_steps: int, *, progress: bool = True, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.total_steps = total_steps
+        self.show_progress = progress
+        self.tensorboard = tensorboard
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="albert-live-view", daemon=True)
+
+    def __enter__(self) -> LiveView:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        writer = None
+        if self.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        columns = [
+            TextColumn("[bold]pretrain"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+        ]
+        with Progress(*columns, disable=not self.show_progress, transient=False) as progress:
+            task = progress.add_task("pretrain", total=self.total_steps, status="starting workers")
+            seen_step = -1
+            for record in _follow(self.run_dir / METRICS_FILE, self._stop, poll_s=0.5):
+                step = int(record.get("step", 0))
+                if writer is not None:
+                    for key, value in record.items():
+                        if isinstance(value, (int, float)) and key not in ("step", "time"):
+                            writer.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
+                if record.get("kind") == "train" and step > seen_step:
+                    seen_step = step
+                    progress.update(task, completed=step, status=_status_line(record))
+                elif record.get("kind") == "eval":
+                    progress.console.print(f"eval @ step {step}: {_fmt(record, EVAL_KEYS)}")
+                elif record.get("kind") == "event":
+                    progress.console.print(f"event @ step {step}: {record.get('event')}")
+        if writer is not None:
+            writer.close()
+
+
+TRAIN_KEYS = ("loss", "mlm_acc", "pair_acc", "lr", "tokens_per_s", "dropout")
+EVAL_KEYS = ("mlm_acc", "sop_acc", "nsp_acc", "mlm_loss")
+
+
+def _fmt(record: dict[str, Any], keys: tuple[str, ...]) -> str:
+    parts = []
+    for key in keys:
+        value = record.get(key)
+        if isinstance(value, float):
+            parts.append(f"{key} {value:.4g}")
+        elif value is not None:
+            parts.append(f"{key} {value}")
+    return "  ".join(parts)
+
+
+def _status_line(record: dict[str, Any]) -> str:
+    return _fmt(record, ("loss", "mlm_acc", "pair_acc", "tokens_per_s"))
+
+
+def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
+    """report.md with loss and accuracy plots (PNG) from the metrics log; returns the markdown path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    train = _last_per_step([r for r in records if r.get("kind") == "train"])
+    evals = _last_per_step([r for r in records if r.get("kind") == "eval"])
+    events = [r for r in records if r.get("kind") == "event"]
+    if not train:
+        raise ValueError(f"{run_dir / METRICS_FILE}: no training metrics to report")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in train]
+    for key in ("loss", "mlm_loss", "pair_loss"):
+        values = [r.get(key) for r in train]
+        if any(v is not None for v in values):
+            ax.plot(steps, values, label=key)
+    _mark_events(ax, events)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(run_dir / "loss.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in ("mlm_acc", "pair_acc"):
+        ax.plot(steps, [r.get(key) for r in train], label=f"train {key}", alpha=0.6)
+    for key in EVAL_KEYS[:3]:
+        points = [(r["step"], r[key]) for r in evals if r.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=f"held-out {key}")
+    _mark_events(ax, events)
+    ax.set_xlabel("step")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(run_dir / "accuracy.png", dpi=110)
+    plt.close(fig)
+
+    first, last = train[0], train[-1]
+    lines = [
+        f"# {title or run_dir.name}",
+        "",
+        f"Steps {first['step']}..{last['step']}; final train loss {last.get('loss', float('nan')):.4f} "
+        f"(first logged {first.get('loss', float('nan')):.4f}).",
+        "",
+        "![loss](loss.png)",
+        "",
+        "![accuracy](accuracy.png)",
+        "",
+    ]
+    if evals:
+        keys = [k for k in EVAL_KEYS if any(k in r for r in evals)]
+        extra = sorted({k for r in evals for k in r if k.startswith("task/")})
+        lines += ["## Held-out evaluation", "", "| step | " + " | ".join(keys + extra) + " |"]
+        lines.append("|" + "---|" * (len(keys) + len(extra) + 1))
+        for r in evals:
+            cells = [_cell(r.get(k)) for k in keys + extra]
+            lines.append(f"| {r['step']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if events:
+        lines += ["## Events", ""] + [f"- step {e['step']}: {e.get('event')}" for e in events] + [""]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else ("" if value is None else str(value))
+
+
+def _last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per step (the last written wins: a resumed run may log a step twice), in step order."""
+    by_step = {int(r["step"]): r for r in records if "step" in r}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _mark_events(ax, events: list[dict[str, Any]]) -> None:
+    for event in events:
+        ax.axvline(event["step"], color="grey", linestyle="--", alpha=0.6)
+        ax.annotate(str(event.get("event")), (event["step"], ax.get_ylim()[1]), fontsize=7, rotation=90, va="top")
