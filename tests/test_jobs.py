@@ -1,0 +1,322 @@
+"""Job submission (services/jobs.py) against a real `ray start --head` on loopback with token auth on.
+
+The module's cluster has its own temp dir, ports and token; it is stopped by signalling the `ray start --block`
+process this module started (which kills the processes it launched), never with `ray stop`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from services import jobs
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.ray
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, root: Path, token: str, token_file: Path, address: str, log: Path):
+        self.root, self.token, self.token_file, self.address, self.log = root, token, token_file, address, log
+
+    def conn(self) -> dict:
+        """Connection keywords: this cluster's address and token file, nothing taken from the environment."""
+        return {"address": self.address, "token_file": self.token_file, "environ": {}}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    root = Path(tempfile.mkdtemp(prefix="albert-jobs-", dir="/tmp"))  # short: Ray's socket paths live under it
+    token = secrets.token_hex(32)
+    token_file = root / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    dashboard_port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH", "RAY_API"))}
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token_file),
+    )
+    command = [
+        str(Path(sys.executable).parent / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--num-cpus=1",
+        f"--temp-dir={root / 'ray'}",
+        f"--port={_free_port()}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        f"--ray-client-server-port={_free_port()}",
+        "--disable-usage-stats",
+    ]
+    log = root / "ray-start.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"http://127.0.0.1:{dashboard_port}"
+    try:
+        _wait_until_serving(proc, address, token_file, log)
+        yield Cluster(root, token, token_file, address, log)
+    finally:
+        proc.send_signal(signal.SIGTERM)  # `ray start --block` kills what it started on SIGTERM
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # anything of ours left in the session's process group
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait_until_serving(proc: subprocess.Popen, address: str, token_file: Path, log: Path) -> None:
+    deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            jobs.list_jobs(address=address, token_file=token_file, environ={})
+            return
+        except jobs.JobsError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def model_info_job(cluster) -> str:
+    return jobs.submit("model", ["info"], working_dir=REPO, wait=True, timeout_s=120, **cluster.conn())
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="albert")
+    jobs.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except jobs.JobsError as err:
+        print(f"albert: error: {err}", file=sys.stderr)
+        return 2
+
+
+# --- against the cluster -------------------------------------------------------------------------------
+
+
+def test_submitted_model_info_job_succeeds_and_logs_the_preset_table(cluster, model_info_job):
+    assert jobs.job_status(model_info_job, **cluster.conn()).status == "SUCCEEDED"
+    logs = jobs.job_logs(model_info_job, **cluster.conn())
+    assert "albert-xxlarge" in logs and "222.6M" in logs
+
+
+def test_list_jobs_shows_the_submitted_job_with_its_entrypoint(cluster, model_info_job):
+    records = {r.job_id: r for r in jobs.list_jobs(**cluster.conn())}
+    assert records[model_info_job].entrypoint == "python -m services.cli model info"
+    assert records[model_info_job].status == "SUCCEEDED"
+
+
+def test_following_logs_of_a_finished_job_returns_its_whole_output(cluster, model_info_job, capsys):
+    streamed = jobs.job_logs(model_info_job, follow=True, **cluster.conn())
+    assert "albert-tiny" in streamed
+    assert "albert-tiny" in capsys.readouterr().out
+
+
+def test_stopping_a_long_running_job_ends_it_stopped(cluster):
+    job_id = jobs.submit_entrypoint(
+        'python -c "import time; time.sleep(60)"', working_dir=REPO / "configs", **cluster.conn()
+    )
+    deadline = time.monotonic() + 60
+    while jobs.job_status(job_id, **cluster.conn()).status == "PENDING":
+        assert time.monotonic() < deadline, "job never started"
+        time.sleep(0.5)
+    started = time.monotonic()
+    assert jobs.stop_job(job_id, wait=True, timeout_s=30, **cluster.conn()) == "STOPPED"
+    assert time.monotonic() - started < 30  # stopped, not run to the end of its 60 s
+
+
+def test_failing_job_with_wait_raises_naming_job_and_status(cluster):
+    with pytest.raises(jobs.JobFailedError, match=r"raysubmit_\w+ ended FAILED"):
+        jobs.submit("model", ["info", "--preset", "no-such-preset"], working_dir=REPO, wait=True, **cluster.conn())
+
+
+def test_working_dir_upload_leaves_out_venvs_caches_corpora_and_runs(cluster, tmp_path):
+    for name in (".venv/bin", ".cache/albert", "data/corpus", "runs/tiny", ".git/objects"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "f").write_text("x")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    job_id = jobs.submit_entrypoint(
+        "python -c \"import os; print('LISTING', sorted(os.listdir('.')))\"",
+        working_dir=tmp_path,
+        wait=True,
+        timeout_s=60,
+        **cluster.conn(),
+    )
+    listing = next(line for line in jobs.job_logs(job_id, **cluster.conn()).splitlines() if line.startswith("LISTING"))
+    assert listing == "LISTING ['train.py']"
+
+
+def test_cluster_rejects_a_client_without_the_token(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token to fall back on
+    with pytest.raises(jobs.JobsError, match="requires a token and none was found"):
+        jobs.list_jobs(address=cluster.address, environ={})
+
+
+def test_cluster_rejects_a_wrong_token(cluster, tmp_path):
+    wrong = tmp_path / "wrong"
+    wrong.write_text(secrets.token_hex(32))
+    with pytest.raises(jobs.JobsError, match="rejected the token"):
+        jobs.list_jobs(address=cluster.address, token_file=wrong, environ={})
+
+
+def test_token_read_from_ray_auth_token_path_env_is_accepted(cluster):
+    environ = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(cluster.token_file)}
+    assert isinstance(jobs.list_jobs(address=cluster.address, environ=environ), list)
+
+
+def test_token_never_appears_in_cli_output_logs_or_job_records(cluster, capsys, caplog):
+    caplog.set_level(logging.DEBUG)
+    conn = ["--address", cluster.address, "--token-file", str(cluster.token_file)]
+    assert cli(["submit", "model", "info", "--preset", "albert-base", *conn, "--wait"]) == 0
+    submitted = capsys.readouterr().out
+    job_id = submitted.split()[1].rstrip(":")
+    assert "11.7M" in submitted  # the job's own output was streamed
+    assert cli(["jobs", "list", *conn]) == 0
+    assert cli(["jobs", "status", job_id, *conn]) == 0
+    assert cli(["jobs", "logs", job_id, *conn]) == 0
+    out = capsys.readouterr()
+    assert job_id in out.out and "SUCCEEDED" in out.out
+    everything = submitted + out.out + out.err + caplog.text + repr(jobs.list_jobs(**cluster.conn()))
+    assert cluster.token not in everything
+
+
+def test_cli_reports_an_unknown_job_id_as_an_error(cluster, capsys):
+    code = cli(["jobs", "status", "raysubmit_doesnotexist", "--address", cluster.address, "--token-file",
+                str(cluster.token_file)])  # fmt: skip
+    assert code == 2
+    assert "raysubmit_doesnotexist" in capsys.readouterr().err
+
+
+# --- without a cluster ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address", ["http://10.1.2.3:8265", "http://head.example.com:8265", "http://localhost.example.com:8265"]
+)
+def test_plain_http_to_a_host_that_is_not_loopback_is_refused_with_the_reason(address):
+    with pytest.raises(jobs.InsecureAddressError, match="SSH tunnel"):
+        jobs.submit("model", ["info"], address=address, working_dir=REPO, environ={})
+
+
+def test_cli_refuses_plain_http_to_a_remote_host_before_connecting(capsys):
+    assert cli(["submit", "model", "info", "--address", "http://192.0.2.10:8265"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing plain http to 192.0.2.10" in err and "--allow-insecure-http" in err
+
+
+@pytest.mark.parametrize(
+    "address", ["http://127.0.0.1:8265", "http://127.8.9.10:8265", "http://localhost:8265", "http://[::1]:8265"]
+)
+def test_plain_http_to_loopback_is_accepted(address):
+    assert jobs.check_address(address + "/") == address
+
+
+def test_https_and_allow_insecure_accept_remote_hosts():
+    assert jobs.check_address("https://head.example.com:8265") == "https://head.example.com:8265"
+    assert jobs.check_address("http://10.1.2.3:8265", allow_insecure=True) == "http://10.1.2.3:8265"
+
+
+@pytest.mark.parametrize("address", ["10.1.2.3:6379", "ray://10.1.2.3:10001", "auto"])
+def test_addresses_that_are_not_job_server_urls_are_refused(address):
+    with pytest.raises(jobs.JobsError, match="expected http://HOST:PORT"):
+        jobs.check_address(address)
+
+
+def test_address_defaults_to_ray_address_env():
+    assert jobs.default_address({"RAY_ADDRESS": "http://127.0.0.1:9999"}) == "http://127.0.0.1:9999"
+    with pytest.raises(jobs.JobsError, match="--address"):
+        jobs.default_address({})
+
+
+def test_token_lookup_follows_rays_precedence(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("from-home\n")
+    path = tmp_path / "tok"
+    path.write_text("from-path\n")
+    assert jobs.resolve_token(environ={}) == "from-home"
+    assert jobs.resolve_token(environ={"RAY_AUTH_TOKEN_PATH": str(path)}) == "from-path"
+    assert jobs.resolve_token(environ={"RAY_AUTH_TOKEN_PATH": str(path), "RAY_AUTH_TOKEN": "from-env"}) == "from-env"
+    assert jobs.resolve_token(environ={"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "from-env"}) is None
+
+
+def test_token_mode_without_a_token_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(jobs.JobsError, match="RAY_AUTH_MODE=token but no token"):
+        jobs.resolve_token(environ={"RAY_AUTH_MODE": "token"})
+
+
+def test_unreadable_token_path_is_an_error_naming_the_file(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(jobs.JobsError, match=f"RAY_AUTH_TOKEN_PATH: cannot read token file {missing}"):
+        jobs.resolve_token(environ={"RAY_AUTH_TOKEN_PATH": str(missing)})
+
+
+def test_submit_refuses_to_store_the_token_in_the_runtime_env(tmp_path):
+    token = tmp_path / "tok"
+    token.write_text("s3cr3t-token-value")
+    with pytest.raises(jobs.JobsError, match="token would be stored"):
+        jobs.submit(
+            "model",
+            ["info"],
+            address="http://127.0.0.1:1",
+            working_dir=REPO,
+            runtime_env={"env_vars": {"MY_TOKEN": "s3cr3t-token-value"}},
+            token_file=token,
+        )
+
+
+def test_entrypoint_runs_the_uploaded_cli_with_quoted_arguments():
+    entrypoint = jobs.build_entrypoint("pretrain", ["--config", "configs/my run.toml"])
+    assert entrypoint == "python -m services.cli pretrain --config 'configs/my run.toml'"
+
+
+def test_unknown_job_kind_is_refused():
+    with pytest.raises(jobs.JobsError, match="job kind 'shell'"):
+        jobs.build_entrypoint("shell", ["rm", "-rf", "/"])
+
+
+def test_missing_working_dir_is_refused_naming_it(tmp_path):
+    with pytest.raises(jobs.JobsError, match="not a directory"):
+        jobs.build_runtime_env(tmp_path / "absent")
+
+
+def test_submit_options_after_the_job_arguments_are_taken_by_submit():
+    own, job = jobs.split_submit_args(["--config", "c.toml", "--address", "http://127.0.0.1:8265", "--wait"])
+    assert own == ["--address", "http://127.0.0.1:8265", "--wait"]
+    assert job == ["--config", "c.toml"]
+
+
+def test_arguments_after_a_double_dash_go_to_the_job_untouched():
+    own, job = jobs.split_submit_args(["--config", "c.toml", "--", "--wait", "--address=x"])
+    assert own == [] and job == ["--config", "c.toml", "--wait", "--address=x"]
