@@ -627,6 +627,11 @@ class RaceData:
         self.tokenizer = tokenizer
         self.max_seq_length = h.max_seq_length
         self.max_qa_length = cfg.max_qa_length
+        if not 0 < cfg.max_qa_length <= h.max_seq_length - 3:
+            raise ValueError(
+                f"FinetuneConfig.max_qa_length: {cfg.max_qa_length} leaves no room for the article in "
+                f"max_seq_length {h.max_seq_length}; expected 1..{h.max_seq_length - 3}"
+            )
         self.metric = "acc"
         self.dev_splits = ["dev"]
         self._examples: dict[str, list[RaceExample]] = {}
