@@ -1,6 +1,8 @@
 """Intrinsic evaluation: held-out file reading and MLM / SOP / NSP metrics on real (tiny) ALBERT models."""
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -8,10 +10,19 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from albert_core.checkpoint import save_model
 from albert_core.config import AlbertConfig
 from albert_core.evaluation import HeldoutDocument, TokenIds, intrinsic_metrics, read_heldout
 from albert_core.model import AlbertForPreTraining
 from albert_core.shards import HELDOUT_SCHEMA
+from services.eval import (
+    DOWNSTREAM_TASKS,
+    IntrinsicOptions,
+    UnknownTask,
+    evaluate_checkpoint,
+    register_downstream_task,
+)
+from services.run_config import RunConfig
 
 VOCAB = 64
 TOKENS = TokenIds(vocab_size=VOCAB)  # pad 0, unk 1, cls 2, sep 3, mask 4
@@ -236,3 +247,64 @@ def test_documents_too_short_for_any_pair_are_refused_with_the_skip_counts():
 def test_a_max_seq_length_beyond_the_model_positions_is_refused():
     with pytest.raises(ValueError, match="max_seq_length 128 exceeds the model's max_position_embeddings"):
         evaluate(tiny_model(), random_documents(3), max_seq_length=128)
+
+
+# --- services.eval: the plain function `albert evaluate` uses, and the downstream registry ---------------------
+
+
+def saved_checkpoint(directory, step: int):
+    model = tiny_model()
+    save_model(directory, model)
+    (directory / "trainer.json").write_text(json.dumps({"step": step}))
+    return model
+
+
+def test_evaluate_checkpoint_returns_the_step_from_trainer_json_and_the_loaded_models_metrics(tmp_path):
+    model = saved_checkpoint(tmp_path / "ckpt", 300)
+    documents = random_documents(60)
+    write_heldout(tmp_path / "documents.parquet", documents)
+    options = IntrinsicOptions(max_seq_length=32, seed=7, batch_size=16, max_examples=100)
+    result = evaluate_checkpoint(tmp_path / "ckpt", tmp_path / "documents.parquet", options=options)
+    expected = evaluate(model, documents, batch_size=16, max_examples=100)
+    assert result["step"] == 300
+    assert result["checkpoint"] == str(tmp_path / "ckpt")
+    assert {name: result[name] for name in expected} == pytest.approx(expected)
+
+
+def test_a_registered_downstream_task_is_run_on_the_checkpoint_with_its_data_directory(tmp_path):
+    saved_checkpoint(tmp_path / "ckpt", 10)
+    write_heldout(tmp_path / "documents.parquet", random_documents(20))
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "dev.tsv").write_text("a\t1\nb\t0\nc\t1\n")
+    calls = []
+
+    @register_downstream_task("count-lines")
+    def count_lines(checkpoint_dir: str, data_dir: str) -> dict:
+        calls.append(checkpoint_dir)
+        return {"examples": len((Path(data_dir) / "dev.tsv").read_text().splitlines())}
+
+    try:
+        result = evaluate_checkpoint(
+            tmp_path / "ckpt",
+            tmp_path / "documents.parquet",
+            options=IntrinsicOptions(max_seq_length=32, max_examples=20),
+            tasks=["count-lines"],
+            task_data={"count-lines": str(tmp_path / "task")},
+        )
+    finally:
+        DOWNSTREAM_TASKS.pop("count-lines")
+    assert calls == [str(tmp_path / "ckpt")]
+    assert result["tasks"] == {"count-lines": {"examples": 3}}
+
+
+def test_a_downstream_task_nothing_registered_is_refused_by_name(tmp_path):
+    saved_checkpoint(tmp_path / "ckpt", 10)
+    with pytest.raises(UnknownTask, match="no evaluator is registered for downstream task 'rte'"):
+        evaluate_checkpoint(tmp_path / "ckpt", tmp_path / "missing.parquet", tasks=["rte"], task_data={"rte": "x"})
+
+
+def test_intrinsic_options_follow_the_run_config():
+    config = RunConfig.from_dict({"run": {"seed": 99}, "data": {"max_seq_length": 128}, "eval": {"batch_size": 8}})
+    options = IntrinsicOptions.from_run_config(config)
+    assert (options.seed, options.max_seq_length, options.batch_size) == (99, 128, 8)
+    assert options.max_examples == config.eval.heldout_batches * 8

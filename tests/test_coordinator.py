@@ -1,0 +1,367 @@
+"""The run coordinator actor: metrics log, checkpoint verification and retention, scheduled evaluations, recovery.
+
+Real Ray (the session's local instance), real checkpoint directories (tiny models saved with save_model plus a
+MANIFEST.json), a real held-out Parquet file. No training.
+"""
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+import torch
+
+from albert_core.checkpoint import save_model
+from albert_core.config import AlbertConfig
+from albert_core.model import AlbertForPreTraining
+from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
+from services.coordinator import (
+    METRICS_FILE,
+    NAMESPACE,
+    CorruptCheckpoint,
+    evaluator_name,
+    get_or_create_coordinator,
+    read_status,
+    verify_checkpoint,
+)
+from services.eval import UnknownTask
+from services.run_config import RunConfig
+
+VOCAB = 64
+TOKEN = 9  # every held-out token: a model biased to it predicts every masked token right
+
+
+def tiny_model(vocab_size: int = VOCAB, knows_the_token: bool = False) -> AlbertForPreTraining:
+    torch.manual_seed(0)
+    config = AlbertConfig(
+        vocab_size=vocab_size,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    model = AlbertForPreTraining(config)
+    if knows_the_token:
+        with torch.no_grad():
+            model.mlm_head.bias[TOKEN] = 50.0
+    return model
+
+
+def write_checkpoint(directory: Path, step: int, model: AlbertForPreTraining | None = None) -> str:
+    """A checkpoint directory as the train loop leaves it: weights, config, trainer.json and MANIFEST.json."""
+    save_model(directory, model or tiny_model())
+    (directory / "trainer.json").write_text(json.dumps({"step": step}))
+    files = {}
+    for path in sorted(directory.iterdir()):
+        data = path.read_bytes()
+        files[path.name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (directory / "MANIFEST.json").write_text(json.dumps({"files": files}))
+    return str(directory)
+
+
+def flip_a_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def metrics_lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    return [line for line in metrics_lines(run_dir) if line["kind"] == "event" and line["event"] == name]
+
+
+def evaluator_handle(run_name: str, step: int, launch: int, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get_actor(evaluator_name(run_name, step, launch), namespace=NAMESPACE)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class Run:
+    """A run directory, shards with held-out documents, and its coordinator (killed at teardown)."""
+
+    _count = 0
+
+    def __init__(self, tmp_path: Path, **sections):
+        Run._count += 1
+        self.name = f"test-run-{Run._count}-{time.time_ns()}"
+        self.dir = tmp_path / "runs" / self.name
+        self.shards = tmp_path / "shards"
+        heldout = self.shards / HELDOUT_FILE
+        heldout.parent.mkdir(parents=True, exist_ok=True)
+        lengths = (6, 5, 7)
+        rows = [
+            {"doc_id": i, "sentences": [[TOKEN] * n for n in lengths], "word_starts": [[True] * n for n in lengths]}
+            for i in range(30)
+        ]
+        pq.write_table(pa.Table.from_pylist(rows, schema=HELDOUT_SCHEMA), heldout)
+        config = {
+            "run": {"name": self.name, "output_dir": str(tmp_path / "runs"), "seed": 3},
+            "data": {"shards": str(self.shards), "max_seq_length": 32},
+            "train": {"keep_last": 2, **sections.get("train", {})},
+            "eval": {"every_steps": 0, "batch_size": 16, "heldout_batches": 2, **sections.get("eval", {})},
+        }
+        self.config = RunConfig.from_dict(config).to_dict()
+        self.actor = get_or_create_coordinator(self.dir, self.name, self.config)
+
+    def checkpoint(self, step: int, model=None) -> str:
+        return write_checkpoint(self.dir / "checkpoints" / f"step_{step:06d}", step, model)
+
+    def call(self, method: str, *args, **kwargs):
+        return ray.get(getattr(self.actor, method).remote(*args, **kwargs), timeout=120)
+
+
+@pytest.fixture
+def make_run(ray_local, tmp_path):
+    runs = []
+
+    def make(**sections) -> Run:
+        runs.append(Run(tmp_path, **sections))
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        ray.kill(run.actor, no_restart=True)
+
+
+# --- checksums (no Ray) ----------------------------------------------------------------------------------------
+
+
+def test_verify_checkpoint_accepts_an_intact_checkpoint(tmp_path):
+    path = write_checkpoint(tmp_path / "ckpt", 5)
+    assert set(verify_checkpoint(path)["files"]) == {"config.json", "model.safetensors", "trainer.json"}
+
+
+def test_verify_checkpoint_names_the_file_whose_bytes_changed(tmp_path):
+    path = write_checkpoint(tmp_path / "ckpt", 5)
+    flip_a_bit(tmp_path / "ckpt" / "model.safetensors")
+    with pytest.raises(CorruptCheckpoint, match=r"model.safetensors: sha256 .* in MANIFEST.json"):
+        verify_checkpoint(path)
+
+
+def test_verify_checkpoint_names_a_listed_file_that_is_missing(tmp_path):
+    path = write_checkpoint(tmp_path / "ckpt", 5)
+    (tmp_path / "ckpt" / "trainer.json").unlink()
+    with pytest.raises(CorruptCheckpoint, match="trainer.json: listed in MANIFEST.json but missing"):
+        verify_checkpoint(path)
+
+
+def test_verify_checkpoint_refuses_a_directory_without_a_manifest(tmp_path):
+    save_model(tmp_path / "ckpt", tiny_model())
+    with pytest.raises(CorruptCheckpoint, match="MANIFEST.json: not found"):
+        verify_checkpoint(tmp_path / "ckpt")
+
+
+# --- metrics log ---------------------------------------------------------------------------------------------
+
+
+def test_reports_are_appended_to_metrics_jsonl_as_train_lines(make_run):
+    run = make_run()
+    for step, loss in ((10, 6.5), (20, 5.25), (30, 4.0)):
+        run.call("report", step, {"loss": loss, "lr": 0.001})
+    train = [line for line in metrics_lines(run.dir) if line["kind"] == "train"]
+    assert [(line["step"], line["loss"], line["lr"]) for line in train] == [
+        (10, 6.5, 0.001),
+        (20, 5.25, 0.001),
+        (30, 4.0, 0.001),
+    ]
+    assert all(isinstance(line["time"], float) for line in train)
+    assert run.call("status")["step"] == 30
+
+
+def test_a_retried_report_is_written_once(make_run):
+    run = make_run()
+    run.call("report", 10, {"loss": 6.5})
+    run.call("report", 10, {"loss": 6.5})
+    assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "train"] == [10]
+
+
+def test_dropout_removal_at_the_configured_step_is_an_event(make_run):
+    run = make_run(train={"dropout_removal_step": 20})
+    for step in (10, 20, 30):
+        run.call("report", step, {"loss": 1.0})
+    assert [(e["step"], e["previous"], e["dropout"]) for e in events(run.dir, "dropout_removed")] == [(20, 0.1, 0.0)]
+    assert run.call("status")["dropout"]["removed_at"] == 20
+
+
+def test_a_dropout_value_reported_by_the_train_loop_is_noted_when_it_changes(make_run):
+    run = make_run()
+    for step, p in ((10, 0.1), (20, 0.1), (30, 0.0), (40, 0.0)):
+        run.call("report", step, {"loss": 1.0, "dropout": p})
+    assert [e["step"] for e in events(run.dir, "dropout_removed")] == [30]
+
+
+def test_a_half_written_last_line_is_cut_when_the_coordinator_starts(make_run, tmp_path):
+    run = make_run()
+    run.call("report", 10, {"loss": 1.0})
+    ray.kill(run.actor, no_restart=True)
+    with open(run.dir / METRICS_FILE, "a") as f:
+        f.write('{"step": 20, "time": 1.0, "kind": "tr')  # the process died mid-write
+    run.actor = get_or_create_coordinator(run.dir, run.name, run.config)
+    run.call("report", 20, {"loss": 0.5})
+    lines = metrics_lines(run.dir)  # every line parses
+    assert [line["step"] for line in lines if line["kind"] == "train"] == [10, 20]
+    assert len(events(run.dir, "metrics_log_repaired")) == 1
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------------
+
+
+def test_retention_keeps_the_last_k_checkpoints_and_deletes_the_others(make_run):
+    run = make_run(train={"keep_last": 2})
+    steps = (100, 200, 300, 400)
+    paths = [run.checkpoint(step) for step in steps]
+    for step, path in zip(steps, paths, strict=True):
+        assert run.call("checkpoint_saved", step, path, {"loss": 1.0})["accepted"]
+    assert [Path(p).exists() for p in paths] == [False, False, True, True]
+    assert [c["step"] for c in run.call("status")["checkpoints"]] == [300, 400]
+
+
+def test_retention_also_keeps_the_best_checkpoint_by_heldout_mlm_accuracy(make_run):
+    run = make_run(train={"keep_last": 1}, eval={"every_steps": 200})
+    models = {100: None, 200: tiny_model(knows_the_token=True), 300: None, 400: None}
+    paths = {step: run.checkpoint(step, model) for step, model in models.items()}
+    for step, path in paths.items():
+        run.call("checkpoint_saved", step, path)
+    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 2, "failed": 0}
+    status = run.call("status")
+    assert [c["step"] for c in status["checkpoints"]] == [200, 400]
+    assert status["best_checkpoint"] == paths[200]
+    assert {step: Path(path).exists() for step, path in paths.items()} == {100: False, 200: True, 300: False, 400: True}
+
+
+def test_a_bit_flipped_checkpoint_is_refused(make_run):
+    run = make_run()
+    path = run.checkpoint(100)
+    flip_a_bit(Path(path) / "model.safetensors")
+    result = run.call("checkpoint_saved", 100, path)
+    assert result["accepted"] is False
+    assert "model.safetensors: sha256" in result["reason"]
+    assert run.call("status")["checkpoints"] == []
+    assert run.call("latest_good_checkpoint") is None
+    assert [e["path"] for e in events(run.dir, "checkpoint_refused")] == [path]
+
+
+def test_latest_good_checkpoint_skips_a_checkpoint_corrupted_after_it_was_saved(make_run):
+    run = make_run()
+    older, newer = run.checkpoint(100), run.checkpoint(200)
+    run.call("checkpoint_saved", 100, older)
+    run.call("checkpoint_saved", 200, newer)
+    assert run.call("latest_good_checkpoint") == newer
+    flip_a_bit(Path(newer) / "model.safetensors")
+    assert run.call("latest_good_checkpoint") == older
+    assert [c["step"] for c in run.call("status")["checkpoints"]] == [100]
+
+
+# --- evaluations -----------------------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_on_the_eval_schedule_gets_an_eval_line_with_the_three_accuracies(make_run):
+    run = make_run(eval={"every_steps": 100})
+    assert run.call("checkpoint_saved", 100, run.checkpoint(100, tiny_model(knows_the_token=True)))["eval_scheduled"]
+    assert not run.call("checkpoint_saved", 150, run.checkpoint(150))["eval_scheduled"]
+    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    (line,) = [line for line in metrics_lines(run.dir) if line["kind"] == "eval"]
+    assert line["step"] == 100
+    assert line["mlm_acc"] == 1.0
+    assert 0.0 <= line["sop_acc"] <= 1.0 and 0.0 <= line["nsp_acc"] <= 1.0
+    assert line["sop_examples"] > 0 and line["nsp_examples"] > 0
+    table = (run.dir / "eval.md").read_text().splitlines()
+    assert table[0].startswith("| step | mlm_acc | mlm_loss | sop_acc | nsp_acc |")
+    assert table[2].startswith("| 100 | 1.0000 |")
+
+
+def test_the_final_checkpoint_is_evaluated_off_the_schedule(make_run):
+    run = make_run(eval={"every_steps": 0})
+    assert not run.call("checkpoint_saved", 100, run.checkpoint(100))["eval_scheduled"]
+    assert run.call("checkpoint_saved", 120, run.checkpoint(120), final=True)["eval_scheduled"]
+    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert run.call("status")["evals"]["done"] == [120]
+
+
+def test_an_evaluator_that_dies_is_relaunched(make_run):
+    run = make_run(eval={"every_steps": 100})
+    run.call("checkpoint_saved", 100, run.checkpoint(100))
+    ray.kill(evaluator_handle(run.name, 100, launch=1))
+    run.call("report", 110, {"loss": 1.0})  # training calls go on while the evaluation is retried
+    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert [e["deaths"] for e in events(run.dir, "eval_retried")] == [1]
+    assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
+
+
+def test_an_evaluation_that_raises_is_recorded_as_failed_and_the_run_goes_on(make_run):
+    run = make_run(eval={"every_steps": 100})
+    # A model whose vocabulary does not hold the held-out token ids: the evaluation raises.
+    run.call("checkpoint_saved", 100, run.checkpoint(100, tiny_model(vocab_size=8)))
+    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 0, "failed": 1}
+    (failure,) = events(run.dir, "eval_failed")
+    assert f"token id {TOKEN} outside the vocabulary" in failure["reason"]
+    run.call("report", 120, {"loss": 1.0})
+    assert run.call("status")["step"] == 120
+
+
+# --- recovery and reading --------------------------------------------------------------------------------------
+
+
+def test_a_killed_coordinator_restarts_from_its_state_file_with_nothing_lost(make_run):
+    run = make_run(eval={"every_steps": 100})
+    run.call("report", 90, {"loss": 2.0})
+    run.call("checkpoint_saved", 50, run.checkpoint(50))
+    run.call("checkpoint_saved", 100, run.checkpoint(100))  # its evaluation is running when the actor dies
+    before = run.call("status")
+    ray.kill(run.actor, no_restart=False)
+    after = run.call("status")  # waits for the restart
+    assert after == before
+    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    run.call("report", 110, {"loss": 1.5})
+    assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "train"] == [90, 110]
+    assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
+
+
+def test_read_status_reads_the_run_without_its_coordinator(make_run):
+    run = make_run()
+    run.call("report", 40, {"loss": 3.0})
+    run.call("checkpoint_saved", 40, run.checkpoint(40))
+    live = run.call("status")
+    ray.kill(run.actor, no_restart=True)
+    offline = read_status(run.dir)
+    assert offline["live"] is False and live["live"] is True
+    assert {k: v for k, v in offline.items() if k != "live"} == {k: v for k, v in live.items() if k != "live"}
+
+
+def test_read_status_names_a_directory_that_is_not_a_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="coordinator.json: no coordinator state"):
+        read_status(tmp_path)
+
+
+def test_get_or_create_returns_the_live_coordinator_of_the_same_run(make_run):
+    run = make_run()
+    again = get_or_create_coordinator(run.dir, run.name, run.config)
+    assert again._actor_id == run.actor._actor_id
+
+
+def test_get_or_create_refuses_shards_without_heldout_documents(make_run, tmp_path):
+    run = make_run()
+    config = {**run.config, "data": {**run.config["data"], "shards": str(tmp_path / "elsewhere")}}
+    with pytest.raises(FileNotFoundError, match="heldout/documents.parquet not found"):
+        get_or_create_coordinator(run.dir, "other-run", config)
+
+
+def test_get_or_create_refuses_a_downstream_task_nothing_evaluates(make_run):
+    run = make_run()
+    config = {**run.config, "eval": {**run.config["eval"], "tasks": ["sst2"], "task_data": {"sst2": "/data/SST-2"}}}
+    with pytest.raises(UnknownTask, match="no evaluator is registered for downstream task 'sst2'"):
+        get_or_create_coordinator(run.dir, "other-run", config)
