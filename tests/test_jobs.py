@@ -1,7 +1,7 @@
-"""Job submission (services/jobs.py) against a real `ray start --head` on loopback with token auth on.
+"""Job submission (services/jobs.py) against a real local multi-node Ray cluster with token auth on.
 
-The module's cluster has its own temp dir, ports and token; it is stopped by signalling the `ray start --block`
-process this module started (which kills the processes it launched), never with `ray stop`.
+The module's cluster comes from scripts/local_cluster.sh with its own dir, ports and token; the script stops it by
+signalling the `ray start --block` processes it started (which kill what they launched), never with `ray stop`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def _free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, root: Path, token: str, token_file: Path, address: str, log: Path):
-        self.root, self.token, self.token_file, self.address, self.log = root, token, token_file, address, log
+    def __init__(self, root: Path, token: str, token_file: Path, address: str, start_output: str):
+        self.root, self.token, self.token_file, self.address = root, token, token_file, address
+        self.start_output = start_output
 
     def conn(self) -> dict:
         """Connection keywords: this cluster's address and token file, nothing taken from the environment."""
@@ -44,65 +45,45 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster():
+    """A two-node cluster (head + one worker, 1 CPU each) started by scripts/local_cluster.sh in its own dir."""
     root = Path(tempfile.mkdtemp(prefix="albert-jobs-", dir="/tmp"))  # short: Ray's socket paths live under it
     token = secrets.token_hex(32)
-    token_file = root / "token"
+    token_file = root / "auth_token"  # the script keeps a token file that is already there
     token_file.write_text(token)
     token_file.chmod(0o600)
     dashboard_port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH", "RAY_API"))}
     env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN_PATH=str(token_file),
+        ALBERT_VENV=str(Path(sys.executable).parent.parent),
+        ALBERT_CLUSTER_DIR=str(root),
+        ALBERT_WORKERS="1",
+        ALBERT_GCS_PORT=str(_free_port()),
+        ALBERT_DASHBOARD_PORT=str(dashboard_port),
+        ALBERT_OBJECT_STORE_MB="256",
     )
-    command = [
-        str(Path(sys.executable).parent / "ray"),
-        "start",
-        "--head",
-        "--block",
-        "--num-cpus=1",
-        f"--temp-dir={root / 'ray'}",
-        f"--port={_free_port()}",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard_port}",
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--ray-client-server-port={_free_port()}",
-        "--disable-usage-stats",
-    ]
-    log = root / "ray-start.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"http://127.0.0.1:{dashboard_port}"
+    script = ["bash", str(REPO / "scripts" / "local_cluster.sh")]
     try:
-        _wait_until_serving(proc, address, token_file, log)
-        yield Cluster(root, token, token_file, address, log)
+        started = subprocess.run([*script, "start"], env=env, capture_output=True, text=True, timeout=180)
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield Cluster(root, token, token_file, f"http://127.0.0.1:{dashboard_port}", started.stdout)
     finally:
-        proc.send_signal(signal.SIGTERM)  # `ray start --block` kills what it started on SIGTERM
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # anything of ours left in the session's process group
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+        subprocess.run([*script, "stop"], env=env, capture_output=True, timeout=120)
+        leftovers = _processes_mentioning(str(root))
+        for pid in leftovers:  # only processes whose command line names this module's cluster dir
+            os.kill(pid, signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
+        assert not leftovers, f"local_cluster.sh stop left processes behind: {leftovers}"
 
 
-def _wait_until_serving(proc: subprocess.Popen, address: str, token_file: Path, log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"ray start exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
         try:
-            jobs.list_jobs(address=address, token_file=token_file, environ={})
-            return
-        except jobs.JobsError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +103,26 @@ def cli(argv: list[str]) -> int:
 
 
 # --- against the cluster -------------------------------------------------------------------------------
+
+
+def test_local_cluster_script_starts_a_head_and_a_worker_node_and_prints_the_job_address(cluster):
+    assert "2 nodes, 2 CPUs" in cluster.start_output
+    assert f"RAY_ADDRESS={cluster.address}" in cluster.start_output
+    assert cluster.token not in cluster.start_output
+
+
+def test_job_tasks_run_on_both_nodes(cluster, tmp_path):
+    (tmp_path / "spread.py").write_text(
+        "import ray, time\n"
+        "ray.init()\n"
+        "@ray.remote(num_cpus=1)\n"
+        "def node():\n"
+        "    time.sleep(0.5)\n"
+        "    return ray.get_runtime_context().get_node_id()\n"
+        "print('NODES', len(set(ray.get([node.remote() for _ in range(4)]))))\n"
+    )
+    job_id = jobs.submit_entrypoint("python spread.py", working_dir=tmp_path, wait=True, timeout_s=90, **cluster.conn())
+    assert "NODES 2" in jobs.job_logs(job_id, **cluster.conn()).splitlines()
 
 
 def test_submitted_model_info_job_succeeds_and_logs_the_preset_table(cluster, model_info_job):
