@@ -1,12 +1,21 @@
-"""Shared fixtures."""
+"""Shared fixtures. `ray_local`: one local Ray instance for the whole test session, shared by every Ray test."""
+
+from __future__ import annotations
+
+import os
 
 import pytest
-import ray
 
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One local Ray instance for the whole test session (2 CPUs, no dashboard)."""
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+    """A local Ray (2 CPUs, no dashboard), started once per session and shut down at its end."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only test cluster
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False)
+    yield ray
+    if started:
+        ray.shutdown()

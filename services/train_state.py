@@ -1,0 +1,427 @@
+"""Training checkpoints: everything a run needs to continue exactly where it stopped, in plain files.
+
+A training checkpoint is a directory (e.g. `<run_dir>/checkpoints/step_00001000`):
+
+    config.json          AlbertConfig                      } albert_core.checkpoint.save_model: the model alone
+    model.safetensors    weights under canonical names     } loads with albert_core.checkpoint.load_model
+    optimizer.safetensors  optimizer state tensors, keyed "<parameter name>.<state key>" (e.g. ".exp_avg")
+    trainer.json         step, epoch, data position, dropout, scheduler state, optimizer hyperparameters and
+                         non-tensor state, torch/numpy/python RNG states, run config hash, last metrics
+    MANIFEST.json        sha256 and size of every other file (written last)
+
+Nothing is pickled: tensors are safetensors, the rest is JSON, so loading a checkpoint cannot run code. The
+directory is built under a hidden temporary name beside its final one and renamed into place, so a reader sees
+a complete checkpoint or none; `verify` catches what the rename cannot (a disk that lost or changed bytes
+later), and `latest_good` falls back to the newest checkpoint that verifies.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from albert_core.checkpoint import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    atomic_write_bytes,
+    load_weights,
+    read_checkpoint,
+    save_model,
+)
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.safetensors"
+TRAINER_FILE = "trainer.json"
+MANIFEST_FILE = "MANIFEST.json"
+FORMAT = "albert-train-state"
+VERSION = 1
+REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE, TRAINER_FILE)
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+__all__ = [
+    "CorruptCheckpoint",
+    "TrainerState",
+    "checkpoint_dir",
+    "save_train_state",
+    "load_train_state",
+    "read_trainer_json",
+    "verify",
+    "latest_good",
+    "list_checkpoints",
+]
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A training checkpoint is partial or damaged; the message names the file and what is wrong."""
+
+
+@dataclass
+class TrainerState:
+    """The loop's own position. Saved in trainer.json beside the model and optimizer."""
+
+    step: int = 0  # optimizer updates done
+    epoch: int = 0  # current pass over the data (seeds the dynamic masks)
+    batches_in_epoch: int = 0  # micro-batches each worker consumed in this epoch: the data position
+    dropout: float = 0.0  # dropout probability applied to the model now
+    config_hash: str = ""  # sha256 of the run config the checkpoint was written under
+    world_size: int = 1
+    micro_batch_size: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)  # the last metrics reported at this step
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str) -> TrainerState:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CorruptCheckpoint(f"{source}: unknown trainer state field {unknown[0]!r}")
+        return cls(**data)
+
+
+def checkpoint_dir(root: str | Path, step: int) -> Path:
+    """`root/step_XXXXXXXX`: zero-padded so names sort by step."""
+    return Path(root) / f"step_{step:08d}"
+
+
+# --------------------------------------------------------------------------------------------------
+# save
+
+
+def save_train_state(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    state: TrainerState,
+) -> Path:
+    """Write a complete training checkpoint at `directory` atomically; returns `directory`.
+
+    The RNG states of this process (torch, CUDA, numpy, python) are captured now. An existing checkpoint at the
+    same path (e.g. a damaged one being rewritten after a resume) is replaced whole.
+    """
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        save_model(tmp, _unwrap(model))
+        tensors, optimizer_json = _flatten_optimizer(optimizer)
+        save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": FORMAT})
+        trainer = {
+            "format": FORMAT,
+            "version": VERSION,
+            "state": dataclasses.asdict(state),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "optimizer": optimizer_json,
+            "rng": _capture_rng(),
+        }
+        (tmp / TRAINER_FILE).write_bytes(_to_json(trainer, TRAINER_FILE).encode())
+        files = {}
+        for name in REQUIRED_FILES:
+            path = tmp / name
+            _fsync(path)
+            files[name] = {"sha256": _sha256(path), "size": path.stat().st_size}
+        manifest = {"format": FORMAT, "version": VERSION, "step": state.step, "files": files}
+        atomic_write_bytes(tmp / MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
+        _replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)  # DistributedDataParallel and friends hold the model in .module
+
+
+def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors keyed "<parameter name>.<state key>"; everything else (groups, scalar state) as JSON."""
+    state_dict = optimizer.state_dict()
+    names = _index_names(state_dict["param_groups"])
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, values in state_dict["state"].items():
+        name = names[index]
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{name}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(name, {})[key] = value
+    return tensors, {
+        "class": type(optimizer).__name__,
+        "param_groups": state_dict["param_groups"],
+        "scalars": scalars,
+    }
+
+
+def _index_names(param_groups: list[dict[str, Any]]) -> dict[int, str]:
+    """Parameter index -> name (the group's "param_names" when present, else "param<index>")."""
+    names = {}
+    for group in param_groups:
+        group_names = group.get("param_names") or [f"param{i}" for i in group["params"]]
+        names.update(zip(group["params"], group_names, strict=True))
+    return names
+
+
+def _capture_rng() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    rng: dict[str, Any] = {
+        "torch": _b64(torch.get_rng_state()),
+        "numpy": {
+            "bit_generator": np_state[0],
+            "keys": np_state[1].tolist(),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return rng
+
+
+def _b64(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _to_json(data: Any, what: str) -> str:
+    def refuse(value: Any) -> Any:
+        if isinstance(value, (np.integer, np.floating)):
+            return value.item()
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return value.item()
+        raise TypeError(f"{what}: cannot store a {type(value).__name__} as JSON ({value!r:.80})")
+
+    return json.dumps(data, indent=1, default=refuse) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# verify / find
+
+
+def verify(directory: str | Path) -> dict[str, Any]:
+    """Check every file against MANIFEST.json; returns the manifest or raises CorruptCheckpoint naming the file."""
+    directory = Path(directory)
+    manifest_path = directory / MANIFEST_FILE
+    if not directory.is_dir():
+        raise CorruptCheckpoint(f"{directory}: not a directory")
+    if not manifest_path.is_file():
+        raise CorruptCheckpoint(f"{manifest_path}: missing (a partial or foreign checkpoint)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise CorruptCheckpoint(f"{manifest_path}: unreadable manifest ({err})") from None
+    for name in REQUIRED_FILES:
+        if name not in files:
+            raise CorruptCheckpoint(f"{manifest_path}: lists no {name}")
+    for name, expected in files.items():
+        path = directory / name
+        if not path.is_file():
+            raise CorruptCheckpoint(f"{path}: missing")
+        size = path.stat().st_size
+        if size != expected["size"]:
+            kind = "truncated" if size < expected["size"] else "too long"
+            raise CorruptCheckpoint(f"{path}: {kind}: {size} bytes, manifest says {expected['size']}")
+        digest = _sha256(path)
+        if digest != expected["sha256"]:
+            raise CorruptCheckpoint(
+                f"{path}: checksum mismatch (sha256 {digest[:12]}…, manifest says {expected['sha256'][:12]}…)"
+            )
+    return manifest
+
+
+def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every `step_*` directory under root, newest first (hidden temporaries excluded)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = STEP_DIR.match(child.name)
+        if match and child.is_dir():
+            found.append((int(match.group(1)), child))
+    return sorted(found, reverse=True)
+
+
+def latest_good(checkpoints_root: str | Path) -> Path | None:
+    """The newest checkpoint under root that verifies; damaged or partial ones are skipped with a warning."""
+    for _, path in list_checkpoints(checkpoints_root):
+        try:
+            verify(path)
+        except CorruptCheckpoint as err:
+            log.warning("skipping damaged checkpoint %s: %s", path, err)
+            continue
+        return path
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# load
+
+
+def read_trainer_json(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / TRAINER_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{path}: missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CorruptCheckpoint(f"{path}: not valid JSON ({err})") from None
+    if data.get("format") != FORMAT or data.get("version") != VERSION:
+        raise CorruptCheckpoint(
+            f"{path}: format {data.get('format')!r} version {data.get('version')!r}, expected {FORMAT!r} {VERSION}"
+        )
+    return data
+
+
+def load_train_state(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    *,
+    restore_rng: bool = True,
+) -> TrainerState:
+    """Verify, then restore model weights, optimizer, scheduler, RNG states and dropout; returns the loop state."""
+    directory = Path(directory)
+    verify(directory)
+    trainer = read_trainer_json(directory)
+    state = TrainerState.from_dict(trainer["state"], source=str(directory / TRAINER_FILE))
+
+    target = _unwrap(model)
+    _, weights = read_checkpoint(directory)
+    missing = load_weights(target, weights)
+    if missing:
+        raise CheckpointError(f"{directory / WEIGHTS_FILE}: lacks {len(missing)} model tensors, e.g. {missing[:3]}")
+
+    _load_optimizer(directory, optimizer, trainer["optimizer"])
+    if scheduler is not None:
+        if trainer["scheduler"] is None:
+            raise CheckpointError(f"{directory / TRAINER_FILE}: has no scheduler state but a scheduler was given")
+        scheduler.load_state_dict(trainer["scheduler"])
+    if restore_rng:
+        _restore_rng(trainer["rng"])
+    if hasattr(target, "set_dropout"):
+        target.set_dropout(state.dropout)
+    return state
+
+
+def _load_optimizer(directory: Path, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    path = directory / OPTIMIZER_FILE
+    if saved["class"] != type(optimizer).__name__:
+        raise CheckpointError(f"{path}: holds {saved['class']} state, the run uses {type(optimizer).__name__}")
+    current = optimizer.state_dict()["param_groups"]
+    saved_groups = saved["param_groups"]
+    current_names = [g.get("param_names") or g["params"] for g in current]
+    saved_names = [g.get("param_names") or g["params"] for g in saved_groups]
+    if current_names != saved_names:
+        raise CheckpointError(f"{path}: parameter groups differ from the optimizer's (different model or grouping)")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise CorruptCheckpoint(f"{path}: unreadable safetensors file ({err})") from None
+    names = _index_names(saved_groups)
+    index_of = {name: index for index, name in names.items()}
+    state: dict[int, dict[str, Any]] = {}
+    for key, tensor in tensors.items():
+        name, _, slot = key.rpartition(".")
+        if name not in index_of:
+            raise CheckpointError(f"{path}: state for unknown parameter {name!r}")
+        state.setdefault(index_of[name], {})[slot] = tensor
+    for name, values in saved["scalars"].items():
+        if name not in index_of:
+            raise CheckpointError(f"{directory / TRAINER_FILE}: optimizer state for unknown parameter {name!r}")
+        state.setdefault(index_of[name], {}).update(values)
+    groups = [_tuples(g) for g in saved_groups]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _tuples(group: dict[str, Any]) -> dict[str, Any]:
+    """JSON turned tuples into lists; optimizers expect betas (and LAMB's trust_clip) as tuples."""
+    group = dict(group)
+    for key in ("betas", "trust_clip"):
+        if isinstance(group.get(key), list):
+            group[key] = tuple(group[key])
+    return group
+
+
+def _restore_rng(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(_tensor_from_b64(rng["torch"]))
+    if "cuda" in rng and torch.cuda.is_available():
+        states = [_tensor_from_b64(s) for s in rng["cuda"]]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+    n = rng["numpy"]
+    np.random.set_state(
+        (n["bit_generator"], np.asarray(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    p = rng["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+
+
+def _tensor_from_b64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+# --------------------------------------------------------------------------------------------------
+# files
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
