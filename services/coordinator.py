@@ -499,6 +499,18 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
     return status_from_state(json.loads(path.read_text()), live=False)
 
 
+def run_status(run_dir: str | Path, run_name: str, *, timeout: float = 30.0) -> dict[str, Any]:
+    """`albert status RUN`: the live coordinator's status, or the saved one when it is gone (Ray must be up)."""
+    try:
+        actor = ray.get_actor(coordinator_name(run_name), namespace=NAMESPACE)
+    except ValueError:
+        return read_status(run_dir)
+    try:
+        return ray.get(actor.status.remote(), timeout=timeout)
+    except (RayActorError, GetTimeoutError):
+        return read_status(run_dir)
+
+
 def eval_table(state: dict[str, Any]) -> str:
     lines = [
         "| step | " + " | ".join(EVAL_COLUMNS) + " | checkpoint |",

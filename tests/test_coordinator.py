@@ -26,6 +26,7 @@ from services.coordinator import (
     evaluator_name,
     get_or_create_coordinator,
     read_status,
+    run_status,
     verify_checkpoint,
 )
 from services.eval import UnknownTask
@@ -340,6 +341,15 @@ def test_read_status_reads_the_run_without_its_coordinator(make_run):
     offline = read_status(run.dir)
     assert offline["live"] is False and live["live"] is True
     assert {k: v for k, v in offline.items() if k != "live"} == {k: v for k, v in live.items() if k != "live"}
+
+
+def test_run_status_asks_the_live_coordinator_and_falls_back_to_the_state_file(make_run):
+    run = make_run()
+    run.call("report", 40, {"loss": 3.0})
+    assert run_status(run.dir, run.name)["live"] is True
+    ray.kill(run.actor, no_restart=True)
+    offline = run_status(run.dir, run.name)
+    assert offline["live"] is False and offline["step"] == 40
 
 
 def test_read_status_names_a_directory_that_is_not_a_run(tmp_path):
