@@ -781,13 +781,14 @@ class _Batches:
         return batch
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """value with NaN / ±inf floats replaced by None (strict JSON has no such numbers)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -878,7 +879,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
         history.append(record)
         if out_dir is not None:
             with open(out_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(_json_safe(record)) + "\n")
+                f.write(json.dumps(json_safe(record)) + "\n")
         value = metrics[data.metric]
         if _better(value, best_value):
             best_value = value if math.isfinite(value) else -math.inf
@@ -918,10 +919,11 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
         "files": files,
         "hyperparams": dataclasses.asdict(h),
         "checkpoint": config.checkpoint,
+        "started": started,
         "seconds": time.time() - started,
     }
     if out_dir is not None:
-        (out_dir / "result.json").write_text(json.dumps(_json_safe(result), indent=2) + "\n")
+        (out_dir / "result.json").write_text(json.dumps(json_safe(result), indent=2) + "\n")
     return result
 
 
@@ -960,6 +962,36 @@ def score_outputs(config: FinetuneConfig, outputs: TaskOutputs) -> dict[str, flo
     if outputs.split.startswith("test"):
         return data.test_metrics(outputs)
     return data.score(outputs)
+
+
+def score_ensemble(
+    config: FinetuneConfig, run_dirs: Sequence[str | Path], out_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """Average the saved outputs (outputs_<split>.npz) of several fine-tuning runs of config.task and score them.
+
+    Runs may differ in seed or pretrained checkpoint; every split saved by all runs is averaged. Returns
+    {"runs", "dev": metrics, "test": metrics (RACE), "files"}; with out_dir, the ensemble's prediction files too.
+    """
+    if not run_dirs:
+        raise ValueError("score_ensemble: no run directories")
+    dirs = [Path(d) for d in run_dirs]
+    saved = [{p.stem.removeprefix("outputs_") for p in d.glob("outputs_*.npz")} for d in dirs]
+    for d, splits in zip(dirs, saved, strict=True):
+        if not splits:
+            raise FileNotFoundError(f"score_ensemble: {d} holds no outputs_<split>.npz (was output_dir set?)")
+    data = load_task_data(config, Tokenizer.load(config.tokenizer_path()))
+    result: dict[str, Any] = {"runs": len(dirs), "dev": {}, "test": {}, "files": {}}
+    for split in sorted(set.intersection(*saved)):
+        merged = ensemble([TaskOutputs.load(d / f"outputs_{split}.npz") for d in dirs])
+        if merged.task != config.task or merged.ids != data.row_ids(split):
+            raise ValueError(f"score_ensemble: the saved {split} outputs are not the rows of {config.data_dir}")
+        if split in data.dev_splits:
+            result["dev"].update(data.score(merged))
+        else:
+            result["test"].update(data.test_metrics(merged))
+        if out_dir is not None:
+            result["files"][f"predictions_{split}"] = str(data.write_predictions(merged, Path(out_dir)))
+    return result
 
 
 def median_of_seeds(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -1015,10 +1047,12 @@ __all__ = [
     "eval_steps",
     "finetune",
     "hyperparams_for",
+    "json_safe",
     "load_task_data",
     "markdown_table",
     "median_of_seeds",
     "polarity_split",
+    "score_ensemble",
     "score_outputs",
     "truncate_pair",
 ]

@@ -29,6 +29,7 @@ from albert_core.finetuning import (
     markdown_table,
     median_of_seeds,
     polarity_split,
+    score_ensemble,
     score_outputs,
     truncate_pair,
 )
@@ -548,6 +549,25 @@ def test_ensemble_of_two_runs_is_scored_on_the_task_data(tmp_path, tok_dir):
     labels = np.array([y for _, y in keyword_rows(48, 1)[32:]])
     expected = float(np.mean(merged.arrays["logits"].argmax(1) == labels))
     assert score_outputs(cfgs[0], merged) == {"acc": expected}
+
+
+def test_score_ensemble_averages_saved_runs_and_writes_the_ensemble_submission(tmp_path, tok_dir):
+    data = write_sst2(tmp_path, n_train=32, n_dev=16)
+    cfgs = [config("sst2", data, tok_dir, tmp_path / str(s), seed=s, eval_every=0) for s in (1, 2)]
+    dirs = [Path(finetune(c)["files"]["outputs_dev"]).parent for c in cfgs]
+    result = score_ensemble(cfgs[0], dirs, tmp_path / "ensemble")
+    merged = ensemble([TaskOutputs.load(d / "outputs_dev.npz") for d in dirs])
+    assert result["dev"] == score_outputs(cfgs[0], merged)
+    merged_test = ensemble([TaskOutputs.load(d / "outputs_test.npz") for d in dirs])
+    lines = (tmp_path / "ensemble" / "SST-2.tsv").read_text().splitlines()[1:]
+    assert [int(line.split("\t")[1]) for line in lines] == merged_test.arrays["logits"].argmax(1).tolist()
+
+
+def test_score_ensemble_refuses_a_directory_without_outputs(tmp_path, tok_dir):
+    data = write_sst2(tmp_path, n_train=16, n_dev=8, test=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="outputs_"):
+        score_ensemble(config("sst2", data, tok_dir, tmp_path), [tmp_path / "empty"])
 
 
 def run_result(seed, **dev):

@@ -1,0 +1,316 @@
+"""Fine-tuning jobs on Ray: one Ray task per seed, the median over seeds, ensembles, and `albert finetune`.
+
+All the math lives in `albert_core.finetuning`; this module only fans seeds out as Ray tasks (each on its own
+CPUs, torch limited to that many threads, run in parallel as far as the cluster's resources allow), collects the
+results, and writes the summary:
+
+    <output>/seed_<s>/    metrics.jsonl, result.json, predictions, outputs_<split>.npz   (one run)
+    <output>/ensemble/    the ensemble's prediction files                                (with ensemble=True)
+    <output>/summary.json median per metric, per-seed rows, ensemble metrics
+    <output>/summary.md   the markdown table
+
+`run_downstream` is what evaluation calls for `eval.tasks`; `downstream_evaluator(task)` wraps it in the
+(checkpoint_dir, data_dir) -> metrics form of `services.eval.register_downstream_task`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from albert_core.config import AlbertConfig
+from albert_core.finetuning import (
+    GLUE_FINETUNE_TASKS,
+    TASKS,
+    FinetuneConfig,
+    TaskHyperparams,
+    canonical_task,
+    finetune,
+    json_safe,
+    markdown_table,
+    median_of_seeds,
+    score_ensemble,
+)
+
+BASE_SEED = 12345
+GLUE_SEEDS = 5  # GLUE dev results are the median of 5 runs
+
+_HYPERPARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(TaskHyperparams))
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(FinetuneConfig)) - {
+    "task",
+    "data_dir",
+    "checkpoint",
+    "seed",
+    "overrides",
+    "output_dir",
+}
+
+
+def default_seeds(task: str) -> int:
+    """5 runs for GLUE tasks (the paper's median), 1 for the others."""
+    task = canonical_task(task)
+    return GLUE_SEEDS if task in GLUE_FINETUNE_TASKS or task.startswith("mnli") else 1
+
+
+def seed_list(seeds: int | Sequence[int]) -> list[int]:
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise ValueError(f"seeds: expected a positive count or a list of seeds, got {seeds}")
+        return [BASE_SEED + i for i in range(seeds)]
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: expected distinct seeds, got {seeds}")
+    return seeds
+
+
+def seed_configs(
+    task: str,
+    checkpoint: str | None,
+    data_dir: str,
+    *,
+    seeds: int | Sequence[int],
+    overrides: dict[str, Any] | None = None,
+    output_dir: str | Path | None = None,
+) -> list[FinetuneConfig]:
+    """One FinetuneConfig per seed. `overrides` mixes TaskHyperparams fields (lr, batch_size, ...) and
+    FinetuneConfig fields (max_steps, eval_every, patience, tokenizer, model, device, ...)."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - _HYPERPARAM_FIELDS - _CONFIG_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"overrides: unknown key {unknown[0]!r}; expected a hyperparameter "
+            f"({', '.join(sorted(_HYPERPARAM_FIELDS))}) or a FinetuneConfig field ({', '.join(sorted(_CONFIG_FIELDS))})"
+        )
+    hyper = {k: v for k, v in overrides.items() if k in _HYPERPARAM_FIELDS}
+    fields = {k: v for k, v in overrides.items() if k in _CONFIG_FIELDS}
+    if isinstance(fields.get("model"), dict):
+        fields["model"] = AlbertConfig.from_dict(fields["model"])
+    return [
+        FinetuneConfig(
+            task=task,
+            data_dir=str(data_dir),
+            checkpoint=checkpoint,
+            seed=seed,
+            overrides=dict(hyper),
+            output_dir=None if output_dir is None else str(Path(output_dir) / f"seed_{seed}"),
+            **fields,
+        )
+        for seed in seed_list(seeds)
+    ]
+
+
+@ray.remote
+def _finetune_task(config: FinetuneConfig, num_threads: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(max(1, num_threads))
+    return finetune(config)
+
+
+def run_seeds(
+    configs: Sequence[FinetuneConfig],
+    *,
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Run each config as a Ray task of num_cpus CPUs (and num_gpus GPUs); results in config order."""
+    if not ray.is_initialized():
+        ray.init()
+    task = _finetune_task.options(num_cpus=num_cpus, num_gpus=num_gpus)
+    pending = {task.remote(config, int(max(1, num_cpus))): i for i, config in enumerate(configs)}
+    results: list[dict[str, Any] | None] = [None] * len(configs)
+    bar = _bar(len(configs), progress)
+    waiting = list(pending)
+    while waiting:
+        done, waiting = ray.wait(waiting, num_returns=1)
+        for ref in done:
+            result = ray.get(ref)
+            results[pending[ref]] = result
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix({result["metric"]: f"{result['dev'][result['metric']]:.4f}"})
+    if bar is not None:
+        bar.close()
+    return results  # type: ignore[return-value]
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="seeds", unit="run")
+
+
+def summarize(
+    results: Sequence[dict[str, Any]],
+    output_dir: str | Path | None = None,
+    ensemble: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """median_of_seeds plus the markdown table (and the ensemble's scores); written to output_dir/summary.{json,md}."""
+    summary = median_of_seeds(results)
+    summary["table"] = markdown_table(summary)
+    summary["test"] = [r["test"] for r in results] if any(r["test"] for r in results) else []
+    if ensemble is not None:
+        summary["ensemble"] = ensemble
+    if output_dir is not None:
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        text = f"# {summary['task']}: dev, {summary['runs']} runs\n\n{summary['table']}\n"
+        if ensemble is not None:
+            text += f"\nensemble of {ensemble['runs']}: {json.dumps(json_safe(ensemble['dev']))}\n"
+        (out / "summary.md").write_text(text)
+        (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+    return summary
+
+
+def run_downstream(
+    task: str,
+    checkpoint: str | None,
+    data_dir: str,
+    *,
+    seeds: int | Sequence[int] | None = None,
+    overrides: dict[str, Any] | None = None,
+    output_dir: str | Path | None = None,
+    ensemble: bool = False,
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Fine-tune `checkpoint` on `task` once per seed (Ray tasks in parallel) and summarize.
+
+    Returns median_of_seeds' summary (task, metric, runs, seeds, median, per_seed) plus "table" (markdown),
+    "test" (per-seed test metrics where labels are public), "results" (each run's result), "seconds" and, with
+    ensemble=True (needs output_dir), "ensemble": the seeds' averaged outputs scored like one run.
+    """
+    task = canonical_task(task)
+    if ensemble and output_dir is None:
+        raise ValueError("run_downstream: ensemble=True needs output_dir (the runs' outputs are read from there)")
+    configs = seed_configs(
+        task,
+        checkpoint,
+        data_dir,
+        seeds=default_seeds(task) if seeds is None else seeds,
+        overrides=overrides,
+        output_dir=output_dir,
+    )
+    started = time.time()
+    results = run_seeds(configs, num_cpus=num_cpus, num_gpus=num_gpus, progress=progress)
+    scored = None
+    if ensemble:
+        run_dirs = [c.output_dir for c in configs]
+        scored = score_ensemble(configs[0], run_dirs, Path(output_dir) / "ensemble")
+    summary = summarize(results, output_dir, scored)
+    summary["results"] = results
+    summary["seconds"] = time.time() - started
+    return summary
+
+
+def downstream_evaluator(
+    task: str, *, seeds: int | Sequence[int] | None = None, overrides: dict[str, Any] | None = None, **kwargs: Any
+) -> Callable[[str, str], dict[str, Any]]:
+    """(checkpoint_dir, data_dir) -> {median metrics..., "runs": n}: the form services.eval's registry takes.
+
+    Wire with `register_downstream_task("sst2")(downstream_evaluator("sst2"))`. kwargs go to run_downstream.
+    """
+
+    def evaluate(checkpoint_dir: str, data_dir: str) -> dict[str, Any]:
+        summary = run_downstream(task, checkpoint_dir, data_dir, seeds=seeds, overrides=overrides, **kwargs)
+        return {**summary["median"], "runs": summary["runs"]}
+
+    evaluate.__name__ = f"finetune_{canonical_task(task).replace('-', '_')}"
+    return evaluate
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    task = canonical_task(args.task)
+    flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")
+    flags += ("micro_batch_size", "tokenizer", "device", "precision")
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
+    if args.save_model:
+        overrides["save_model"] = True
+    if args.preset:
+        if args.checkpoint:
+            raise ValueError("albert finetune: give --checkpoint (pretrained) or --preset (random init), not both")
+        if not args.tokenizer:
+            raise ValueError("albert finetune: --preset (random init) needs --tokenizer")
+        from albert_core.tokenization import Tokenizer
+
+        vocab = Tokenizer.load(args.tokenizer).vocab_size
+        overrides["model"] = AlbertConfig.preset(args.preset, vocab_size=vocab)
+    elif not args.checkpoint:
+        raise ValueError("albert finetune: --checkpoint (a pretrained model directory) or --preset is required")
+    seeds = args.seeds if args.seeds is not None else default_seeds(task)
+    output = Path(args.output or Path("runs") / "finetune" / task)
+
+    if seeds == 1 and not args.ensemble:  # one run: in this process, with a step progress bar
+        (config,) = seed_configs(
+            task, args.checkpoint, args.data, seeds=[args.seed], overrides=overrides, output_dir=output
+        )
+        config.progress = True
+        summarize([finetune(config)], output)
+    else:
+        if args.address:
+            ray.init(address=args.address)
+        seed_values = [args.seed + i for i in range(seeds)]
+        run_downstream(
+            task,
+            args.checkpoint,
+            args.data,
+            seeds=seed_values,
+            overrides=overrides,
+            output_dir=output,
+            ensemble=args.ensemble,
+            num_cpus=args.cpus_per_run,
+            num_gpus=args.gpus_per_run,
+            progress=True,
+        )
+    print((output / "summary.md").read_text())
+    print(f"wrote {output / 'summary.json'}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `albert finetune` to the CLI's subcommands."""
+    parser = commands.add_parser(
+        "finetune",
+        help="fine-tune a checkpoint on GLUE / SQuAD / RACE / polarity (several seeds on Ray)",
+        description="Fine-tune with the paper's recipe for the task; several seeds run as parallel Ray tasks and "
+        "the dev metrics are summarized by their median.",
+    )
+    parser.add_argument("--task", required=True, help=", ".join(TASKS))
+    parser.add_argument("--data", required=True, help="the task's data folder (official layout)")
+    parser.add_argument("--checkpoint", help="pretrained model directory (ours or transformers')")
+    parser.add_argument("--preset", help="instead of --checkpoint: a randomly initialized preset (baseline)")
+    parser.add_argument("--tokenizer", help="spiece.model (default: found in or above the checkpoint directory)")
+    parser.add_argument("--seeds", type=int, help="number of runs (default: 5 for GLUE, else 1)")
+    parser.add_argument("--seed", type=int, default=BASE_SEED, help="first seed; runs use seed, seed+1, ...")
+    parser.add_argument("--max-steps", type=int, help="shorter run: train steps (warmup scaled alike)")
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--max-seq-length", type=int)
+    parser.add_argument("--optimizer", choices=["adamw", "lamb"])
+    parser.add_argument("--eval-every", type=int, help="steps between dev evaluations (0: only at the end)")
+    parser.add_argument("--patience", type=int, help="early stopping: evaluations without improvement")
+    parser.add_argument("--micro-batch-size", type=int, help="gradient accumulation in micro batches of this size")
+    parser.add_argument("--device", help="auto | cpu | cuda")
+    parser.add_argument("--precision", choices=["fp32", "bf16"])
+    parser.add_argument("--ensemble", action="store_true", help="also score the average of the runs' outputs")
+    parser.add_argument("--save-model", action="store_true", help="keep each run's best model")
+    parser.add_argument("--output", help="output folder (default runs/finetune/<task>)")
+    parser.add_argument("--cpus-per-run", type=float, default=1)
+    parser.add_argument("--gpus-per-run", type=float, default=0)
+    parser.add_argument("--address", help="Ray cluster address (default: a local Ray started here)")
+    parser.set_defaults(func=cmd_finetune)
+    return parser

@@ -1,0 +1,163 @@
+"""services.finetune: seeds as parallel Ray tasks, the median summary, ensembles, and the `albert finetune` command."""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from albert_core.finetuning import FinetuneConfig
+from services.finetune import default_seeds, downstream_evaluator, register, run_downstream, seed_configs, seed_list
+from tests.test_finetuning import keyword_rows, tiny, write_sst2
+
+QUICK = {"lr": 1e-3, "batch_size": 16, "train_steps": 4, "warmup_steps": 1, "max_seq_length": 32}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ray_session(request):
+    """The shared session fixture `ray_local` of tests/conftest.py; skip (not fail) where it does not exist."""
+    try:
+        request.getfixturevalue("ray_local")
+    except pytest.FixtureLookupError:
+        pytest.skip("tests/conftest.py provides no ray_local fixture")
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory) -> Path:
+    from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    texts = [s for s, _ in keyword_rows(300, 0)] + ["excellent excellent"] * 20
+    texts += (Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt").read_text().splitlines()
+    train_tokenizer(texts, out, TokenizerTrainConfig(vocab_size=200))
+    return out
+
+
+@pytest.fixture(scope="module")
+def sst2(tmp_path_factory) -> Path:
+    return write_sst2(tmp_path_factory.mktemp("glue"), n_train=200, n_dev=40)
+
+
+def overrides_for(tok_dir: Path, **extra) -> dict:
+    from albert_core.tokenization import Tokenizer
+
+    model = tiny(Tokenizer.load(tok_dir).vocab_size).to_dict()
+    return {**QUICK, "tokenizer": str(tok_dir), "model": model, "eval_every": 0, **extra}
+
+
+# --- configs -----------------------------------------------------------------------------------------------
+
+
+def test_glue_tasks_default_to_five_seeds_and_the_others_to_one():
+    assert default_seeds("SST-2") == default_seeds("mnli") == 5
+    assert default_seeds("squad2") == default_seeds("race") == 1
+
+
+def test_a_seed_count_becomes_consecutive_seeds_and_duplicates_are_refused():
+    assert seed_list(3) == [12345, 12346, 12347]
+    with pytest.raises(ValueError, match="distinct"):
+        seed_list([1, 1])
+
+
+def test_overrides_are_split_into_hyperparameters_and_config_fields(tmp_path, tok_dir):
+    configs = seed_configs(
+        "sst2", None, str(tmp_path), seeds=[7, 8], overrides=overrides_for(tok_dir, patience=2), output_dir=tmp_path
+    )
+    assert [c.seed for c in configs] == [7, 8]
+    assert configs[0].overrides == QUICK and configs[0].patience == 2
+    assert configs[1].output_dir == str(tmp_path / "seed_8")
+    assert isinstance(configs[0], FinetuneConfig) and configs[0].model.num_hidden_layers == 2
+
+
+def test_an_unknown_override_is_refused_naming_it(tmp_path):
+    with pytest.raises(ValueError, match="'warmup'"):
+        seed_configs("sst2", "ckpt", str(tmp_path), seeds=1, overrides={"warmup": 10})
+
+
+# --- Ray -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_seeds(ray_session, tmp_path_factory, tok_dir, sst2):
+    out = tmp_path_factory.mktemp("runs")
+    # long enough (~150 steps) for the two runs to overlap in time when they run in parallel
+    overrides = overrides_for(tok_dir, train_steps=150, warmup_steps=15, eval_every=50)
+    summary = run_downstream("sst2", None, str(sst2), seeds=[1, 2], overrides=overrides, output_dir=out, ensemble=True)
+    return summary, out
+
+
+def test_two_seeds_run_in_parallel_as_ray_tasks(two_seeds):
+    summary, _ = two_seeds
+    a, b = summary["results"]
+    assert max(a["started"], b["started"]) < min(a["started"] + a["seconds"], b["started"] + b["seconds"])
+
+
+def test_seeds_are_summarized_by_the_median_of_their_dev_metrics(two_seeds):
+    summary, _ = two_seeds
+    accs = [r["dev"]["acc"] for r in summary["results"]]
+    assert [r["seed"] for r in summary["results"]] == [1, 2]
+    assert summary["median"]["acc"] == pytest.approx(float(np.median(accs)))
+    assert summary["table"].splitlines()[-1] == f"| **median** | **{100 * np.median(accs):.2f}** |"
+
+
+def test_each_seed_writes_its_own_run_folder_and_the_summary_is_written(two_seeds):
+    summary, out = two_seeds
+    for seed in (1, 2):
+        records = [json.loads(line) for line in (out / f"seed_{seed}" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == [50, 100, 150]
+    written = json.loads((out / "summary.json").read_text())
+    assert written["median"] == summary["median"]
+    assert "| **median** |" in (out / "summary.md").read_text()
+
+
+def test_the_ensemble_of_the_seeds_is_scored_and_its_predictions_written(two_seeds):
+    summary, out = two_seeds
+    ensemble = summary["ensemble"]
+    assert ensemble["runs"] == 2 and 0.0 <= ensemble["dev"]["acc"] <= 1.0
+    assert (out / "ensemble" / "SST-2.tsv").read_text().startswith("index\tprediction\n")
+    assert json.loads((out / "summary.json").read_text())["ensemble"]["dev"] == ensemble["dev"]
+
+
+def test_downstream_evaluator_returns_the_median_metrics_for_the_eval_registry(ray_session, tok_dir, sst2):
+    evaluate = downstream_evaluator("sst2", seeds=1, overrides=overrides_for(tok_dir))
+    metrics = evaluate(None, str(sst2))  # no checkpoint: the overrides' random-init model
+    assert set(metrics) == {"acc", "runs"} and metrics["runs"] == 1
+    assert evaluate.__name__ == "finetune_sst2"
+
+
+# --- CLI ---------------------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="albert")
+    register(root.add_subparsers(dest="command", required=True))
+    return root
+
+
+def test_cli_single_seed_runs_in_process_and_writes_the_summary(tmp_path, tok_dir, sst2, capsys):
+    args = parser().parse_args(
+        ["finetune", "--task", "sst2", "--data", str(sst2), "--preset", "albert-tiny", "--tokenizer", str(tok_dir)]
+        + ["--seeds", "1", "--max-steps", "2", "--max-seq-length", "32", "--batch-size", "4", "--eval-every", "0"]
+        + ["--output", str(tmp_path / "cli"), "--seed", "3"]
+    )
+    assert args.func(args) == 0
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert summary["seeds"] == [3] and summary["runs"] == 1
+    assert json.loads((tmp_path / "cli" / "seed_3" / "result.json").read_text())["steps"] == 2
+    assert "| **median** |" in capsys.readouterr().out
+
+
+def test_cli_refuses_to_run_without_a_checkpoint_or_preset(tmp_path, sst2):
+    args = parser().parse_args(["finetune", "--task", "sst2", "--data", str(sst2)])
+    with pytest.raises(ValueError, match="--checkpoint"):
+        args.func(args)
