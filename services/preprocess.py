@@ -1,0 +1,774 @@
+"""`albert preprocess`: corpora → Parquet shards of `[CLS] A [SEP] B [SEP]` examples + manifest.json, on Ray Data.
+
+The job is planned before anything is read: the input files (sorted, as `list_inputs` expands them) are cut into
+*units* of consecutive files holding about `shard_input_bytes` of input. One unit becomes one shard,
+`<output>/train/shard-XXXXX.parquet` (XXXXX = unit index), so a shard's content depends only on its files and the
+seed, never on scheduling:
+
+    units (one row each) ─ Ray Data map_batches (tasks of 1 CPU; SentencePiece is built once per worker process)
+        per unit: read_documents → held out? (hash of file + location) → split_sentences → SentencePiece encode
+                  → create_pairs per group of `docs_per_group` documents (NSP draws its random B in the group;
+                    the group's generator is seeded by (seed, unit, group)) → Arrow table in EXAMPLE_SCHEMA
+        → the shard (pyarrow only, written to a partial file then renamed) + the unit's held-out documents
+        → a done marker (.progress/shard-XXXXX.json: sha256s and counts) written last: the commit point
+    driver: progress bar over input files; merges held-out parts into heldout/documents.parquet; manifest.json
+
+Resume: a rerun into the same output keeps every shard whose marker matches the plan and whose file still has the
+recorded sha256; everything else is redone from scratch. An output made by a different plan (other inputs, sizes,
+tokenizer or options) is refused rather than mixed. `stream_examples` runs the same transform and returns the rows
+as a Dataset without writing anything.
+
+Accounting: every record the corpus reader yields is one document read, and is exactly one of used (it gave
+examples), held out, or skipped (a reader Skip by its reason, or a pair skip: `no_tokens` / `single_token`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import posixpath
+import re
+import sys
+import time
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from albert_core.corpus import (
+    FORMATS,
+    MAX_DOCUMENT_CHARS,
+    ON_ERROR,
+    SPLITS,
+    CorpusError,
+    Document,
+    Skip,
+    list_inputs,
+    read_documents,
+    split_sentences,
+)
+from albert_core.pairs import OBJECTIVES, PairConfig, create_pairs
+from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, HELDOUT_SCHEMA, MANIFEST_FILE, TRAIN_DIR, example_id
+from albert_core.tokenization import Tokenizer
+
+PROGRESS_DIR = ".progress"  # plan.json, done markers, partial files
+PLAN_FILE = "plan.json"
+MANIFEST_VERSION = 1
+MAX_SKIP_EXAMPLES = 10  # skip details kept per file in the manifest
+GROUP_CHARS = 8_000_000  # a document group also closes at this many characters (bounds worker memory)
+
+
+@dataclass
+class PreprocessConfig:
+    inputs: list[str]
+    tokenizer: str  # spiece.model or a directory holding it
+    output: str
+    objective: str = "sop"  # sop | nsp | none
+    max_seq_length: int = 512
+    short_seq_prob: float = 0.1
+    seed: int = 12345
+    on_error: str = "skip"  # skip: bad input is a counted skip; fail: the job stops naming file and line/record
+    # Documents reserved for intrinsic evaluation, chosen by a hash of (file, location): stable across runs/seeds.
+    heldout_fraction: float = 0.01
+    # Consecutive input files are grouped into one shard up to this many bytes on disk (compressed size for
+    # .gz/.bz2/.xz). A larger single file is one shard on its own: the reader cannot split files.
+    shard_input_bytes: int = 16 << 20
+    # Documents per create_pairs call: NSP takes its random B from another document of the same group.
+    docs_per_group: int = 256
+    fmt: str = "auto"  # corpus format (albert_core.corpus.FORMATS)
+    text_field: str = "text"  # JSONL / Parquet field holding the document
+    split: str = "file"  # plain text: one document per file, or per blank-line separated paragraph block
+    max_document_chars: int = MAX_DOCUMENT_CHARS
+    num_cpus: int | None = None  # concurrent tasks (one CPU each); None: every CPU of the Ray cluster
+    progress: bool = True  # a progress bar over input files on the driver
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inputs, str | os.PathLike):
+            self.inputs = [self.inputs]
+        self.inputs = [str(p) for p in self.inputs]
+        self.tokenizer, self.output = str(self.tokenizer), str(self.output)
+        if not self.inputs:
+            raise ValueError("PreprocessConfig.inputs: expected at least one input path")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"PreprocessConfig.objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"PreprocessConfig.on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.fmt not in FORMATS:
+            raise ValueError(f"PreprocessConfig.fmt must be one of {FORMATS}, got {self.fmt!r}")
+        if self.split not in SPLITS:
+            raise ValueError(f"PreprocessConfig.split must be one of {SPLITS}, got {self.split!r}")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"PreprocessConfig.heldout_fraction must be in [0, 1), got {self.heldout_fraction!r}")
+        for name in ("shard_input_bytes", "docs_per_group", "max_document_chars"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"PreprocessConfig.{name} must be an int >= 1, got {value!r}")
+        if self.num_cpus is not None and (not isinstance(self.num_cpus, int) or self.num_cpus < 1):
+            raise ValueError(f"PreprocessConfig.num_cpus must be None or an int >= 1, got {self.num_cpus!r}")
+        self.pair_config()  # validates max_seq_length and short_seq_prob
+
+    def pair_config(self) -> PairConfig:
+        return PairConfig(
+            max_seq_length=self.max_seq_length, short_seq_prob=self.short_seq_prob, objective=self.objective
+        )
+
+    def output_options(self) -> dict[str, Any]:
+        """The options that decide the shards' bytes (not where they go, how fast, or what failure does)."""
+        skip = {"inputs", "tokenizer", "output", "on_error", "num_cpus", "progress"}
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# planning
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str  # as list_inputs gives it (what the reader opens, and the manifest's key)
+    key: str  # relative to the input it was found under: hashed for the held-out choice, so moving a corpus
+    # directory keeps the same documents held out
+    size: int  # bytes on disk; 0 for a path that does not exist (the reader reports it as missing)
+
+
+@dataclass(frozen=True)
+class Unit:
+    index: int
+    files: tuple[InputFile, ...]
+
+    @property
+    def shard_name(self) -> str:
+        return f"shard-{self.index:05d}.parquet"
+
+    def to_json(self) -> str:
+        return json.dumps({"index": self.index, "files": [asdict(f) for f in self.files]})
+
+    @classmethod
+    def from_json(cls, text: str) -> Unit:
+        data = json.loads(text)
+        return cls(data["index"], tuple(InputFile(**f) for f in data["files"]))
+
+
+def _file_key(path: str, root: str) -> str:
+    root = root.rstrip("/")
+    if path.startswith(root + "/"):
+        return path[len(root) + 1 :]
+    return posixpath.basename(path.rstrip("/")) or path
+
+
+def _size(path: str) -> int:
+    try:
+        fs, root = fsspec.core.url_to_fs(path)
+        return int(fs.size(root)) if fs.isfile(root) else 0
+    except (OSError, ValueError):
+        return 0
+
+
+def list_input_files(config: PreprocessConfig) -> list[InputFile]:
+    """The input files in order (each input expanded by list_inputs, sorted; a file named twice is kept once)."""
+    files: list[InputFile] = []
+    seen: set[str] = set()
+    for root in config.inputs:
+        for path in list_inputs(root, fmt=config.fmt):
+            if path not in seen:
+                seen.add(path)
+                files.append(InputFile(path, _file_key(path, root), _size(path)))
+    return files
+
+
+def plan_units(files: list[InputFile], shard_input_bytes: int) -> list[Unit]:
+    """Consecutive files grouped while they hold at most shard_input_bytes (a bigger file stands alone)."""
+    units: list[Unit] = []
+    current: list[InputFile] = []
+    size = 0
+    for f in files:
+        if current and size + f.size > shard_input_bytes:
+            units.append(Unit(len(units), tuple(current)))
+            current, size = [], 0
+        current.append(f)
+        size += f.size
+    if current:
+        units.append(Unit(len(units), tuple(current)))
+    return units
+
+
+def plan_fingerprint(config: PreprocessConfig, tokenizer: Tokenizer, units: list[Unit]) -> str:
+    plan = {
+        "options": config.output_options(),
+        "tokenizer_sha256": tokenizer.sha256,
+        "units": [[asdict(f) for f in u.files] for u in units],
+    }
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the per-unit transform (runs in workers; pure Python + pyarrow, no Ray)
+
+
+def heldout_hash(key: str, location: str) -> int:
+    """A 64-bit hash of a document's file key and location: held out when below fraction * 2**64."""
+    digest = hashlib.sha256(f"{key}\0{location}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+_COMBINING: re.Pattern | None = None
+
+
+def _combining_marks() -> re.Pattern:
+    """Every code point of Unicode category M* (as unicodedata sees them), as one character class."""
+    global _COMBINING
+    if _COMBINING is None:
+        marks, start = [], None
+        for c in range(sys.maxunicode + 2):
+            is_mark = c <= sys.maxunicode and unicodedata.category(chr(c)).startswith("M")
+            if is_mark and start is None:
+                start = c
+            elif not is_mark and start is not None:
+                marks.append(f"{re.escape(chr(start))}-{re.escape(chr(c - 1))}")
+                start = None
+        _COMBINING = re.compile(f"[{''.join(marks)}]")
+    return _COMBINING
+
+
+def preprocess_sentences(tokenizer: Tokenizer, sentences: list[str]) -> list[str]:
+    """[tokenizer.preprocess(s) for s in sentences], computed on the newline-joined text at C speed: ASCII text
+    needs no NFKD or accent removal, and the rest drops combining marks with one regex. Equal because sentences
+    hold no newline (split_sentences collapses whitespace) and every step stops at a newline (NFKD reordering,
+    the final-sigma rule of lower())."""
+    if not sentences:
+        return []
+    text = "\n".join(sentences)
+    if text.count("\n") != len(sentences) - 1:  # a sentence with a newline: the plain way
+        return [tokenizer.preprocess(s) for s in sentences]
+    text = text.replace("``", '"').replace("''", '"')
+    if not tokenizer.keep_accents and not text.isascii():
+        text = _combining_marks().sub("", unicodedata.normalize("NFKD", text))
+    if tokenizer.lower_case:
+        text = text.lower()
+    return text.split("\n")
+
+
+@dataclass
+class FileStats:
+    documents: int = 0  # records read (Documents and Skips)
+    used: int = 0
+    heldout: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> documents
+    skip_examples: list[dict[str, str]] = field(default_factory=list)  # the first few: location, reason, detail
+    sentences: int = 0
+    tokens: int = 0  # SentencePiece tokens of its documents (held out included)
+
+    def skip(self, location: str, reason: str, detail: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if len(self.skip_examples) < MAX_SKIP_EXAMPLES:
+            self.skip_examples.append({"location": location, "reason": reason, "detail": detail})
+
+
+@dataclass
+class _Doc:
+    file: str
+    sentences: list[str]
+    ids: list[list[int]] = field(default_factory=list)
+
+
+class UnitTransform:
+    """One unit's documents → example tables (one per document group) + held-out rows + counts."""
+
+    def __init__(self, unit: Unit, tokenizer: Tokenizer, config: PreprocessConfig):
+        self.unit, self.tokenizer, self.config = unit, tokenizer, config
+        self.pair_config = config.pair_config()
+        self.files = {f.path: FileStats() for f in unit.files}
+        self.pair_counts: Counter[str] = Counter()
+        self.heldout: dict[str, list] = {"doc_id": [], "sentences": [], "word_starts": []}
+        self.rows = 0
+        self.example_tokens = 0
+        self.groups = 0
+        self._threshold = int(config.heldout_fraction * 2**64)
+
+    def tables(self) -> Iterator[pa.Table]:
+        """Example tables in EXAMPLE_SCHEMA, in a fixed order. Raises CorpusError under on_error="fail"."""
+        config = self.config
+        group: list[_Doc] = []
+        chars = 0
+        for f in self.unit.files:
+            stats = self.files[f.path]
+            records = read_documents(
+                f.path,
+                fmt=config.fmt,
+                on_error=config.on_error,
+                text_field=config.text_field,
+                split=config.split,
+                max_document_chars=config.max_document_chars,
+            )
+            for record in records:
+                stats.documents += 1
+                if isinstance(record, Skip):
+                    stats.skip(record.location, record.reason, record.detail)
+                    continue
+                h = heldout_hash(f.key, record.location)
+                if h < self._threshold:
+                    self._hold_out(f.path, record, h >> 1)
+                    continue
+                group.append(_Doc(f.path, split_sentences(record.text)))
+                chars += len(record.text)
+                if len(group) >= config.docs_per_group or chars >= GROUP_CHARS:
+                    yield self._pairs(group)
+                    group, chars = [], 0
+        if group:
+            yield self._pairs(group)
+
+    def _encode(self, docs: list[_Doc]) -> None:
+        sentences = [s for d in docs for s in d.sentences]
+        ids = self.tokenizer.sp.encode(preprocess_sentences(self.tokenizer, sentences), num_threads=1)
+        start = 0
+        for d in docs:
+            d.ids = ids[start : start + len(d.sentences)]
+            start += len(d.sentences)
+            stats = self.files[d.file]
+            stats.sentences += len(d.sentences)
+            stats.tokens += sum(len(s) for s in d.ids)
+
+    def _hold_out(self, path: str, record: Document, doc_id: int) -> None:
+        doc = _Doc(path, split_sentences(record.text))
+        self._encode([doc])
+        self.files[path].heldout += 1
+        sentences = [s for s in doc.ids if s]
+        table = self.tokenizer.word_start_table
+        self.heldout["doc_id"].append(doc_id)
+        self.heldout["sentences"].append(sentences)
+        self.heldout["word_starts"].append([table[np.asarray(s, dtype=np.int64)].tolist() for s in sentences])
+
+    def _pairs(self, docs: list[_Doc]) -> pa.Table:
+        self._encode(docs)
+        rng = np.random.default_rng([self.config.seed, self.unit.index, self.groups])
+        self.groups += 1
+        tok = self.tokenizer
+        result = create_pairs(
+            [d.ids for d in docs], config=self.pair_config, rng=rng, cls_id=tok.cls_id, sep_id=tok.sep_id
+        )
+        used = np.zeros(len(docs), dtype=bool)
+        used[[e.doc_index for e in result.examples]] = True
+        for d, was_used in zip(docs, used, strict=True):
+            n_tokens = sum(len(s) for s in d.ids)
+            if was_used:
+                self.files[d.file].used += 1
+            else:  # create_pairs' rule: fewer than two tokens in all
+                reason = "no_tokens" if n_tokens == 0 else "single_token"
+                self.files[d.file].skip("document", reason, f"{n_tokens} tokens: a pair needs at least 2")
+        if int((~used).sum()) != sum(result.skipped_documents.values()):
+            raise AssertionError(f"unit {self.unit.index}: pair skips {result.skipped_documents} != unused documents")
+        self.pair_counts.update(result.counts)
+        table = self._table(result.examples)
+        self.rows += table.num_rows
+        return table
+
+    def _table(self, examples) -> pa.Table:
+        n = len(examples)
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum([len(e.input_ids) for e in examples], out=offsets[1:])
+        ids = np.concatenate([np.asarray(e.input_ids, dtype=np.int32) for e in examples] + [np.zeros(0, np.int32)])
+        types = np.concatenate([np.asarray(e.token_type_ids, dtype=np.int8) for e in examples] + [np.zeros(0, np.int8)])
+        starts = self.tokenizer.word_start_table[ids]
+        labels = np.array([e.pair_label for e in examples], dtype=np.int8)
+        rows = np.arange(self.rows, self.rows + n, dtype=np.int64)
+        self.example_tokens += len(ids)
+        offsets_arr = pa.array(offsets)
+        return pa.Table.from_arrays(
+            [
+                pa.array(example_id(self.unit.index, 0) + rows),
+                pa.ListArray.from_arrays(offsets_arr, pa.array(ids)),
+                pa.ListArray.from_arrays(offsets_arr, pa.array(types)),
+                pa.ListArray.from_arrays(offsets_arr, pa.array(starts)),
+                pa.array(labels),
+            ],
+            schema=EXAMPLE_SCHEMA,
+        )
+
+    def heldout_table(self) -> pa.Table:
+        return pa.Table.from_pydict(self.heldout, schema=HELDOUT_SCHEMA)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit.index,
+            "shard": self.unit.shard_name,
+            "rows": self.rows,
+            "example_tokens": self.example_tokens,
+            "heldout_documents": len(self.heldout["doc_id"]),
+            "pair_counts": dict(sorted(self.pair_counts.items())),
+            "files": {path: asdict(stats) for path, stats in self.files.items()},
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# output layout, markers, atomic writes
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class _Layout:
+    def __init__(self, output: str):
+        self.root = Path(output)
+        self.train = self.root / TRAIN_DIR
+        self.progress = self.root / PROGRESS_DIR
+        self.plan = self.progress / PLAN_FILE
+        self.manifest = self.root / MANIFEST_FILE
+        self.heldout = self.root / HELDOUT_FILE
+
+    def shard(self, unit: Unit) -> Path:
+        return self.train / unit.shard_name
+
+    def marker(self, unit: Unit) -> Path:
+        return self.progress / f"shard-{unit.index:05d}.json"
+
+    def heldout_part(self, unit: Unit) -> Path:
+        return self.progress / f"heldout-{unit.index:05d}.parquet"
+
+    def partial(self, path: Path) -> Path:
+        return self.progress / f"{path.name}.partial"
+
+
+def write_unit(unit: Unit, tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str) -> dict[str, Any]:
+    """Transform one unit and commit it: shard + held-out part renamed into place, then the done marker."""
+    started = time.perf_counter()
+    layout = _Layout(config.output)
+    shard, heldout = layout.shard(unit), layout.heldout_part(unit)
+    partial_shard, partial_heldout = layout.partial(shard), layout.partial(heldout)
+    layout.marker(unit).unlink(missing_ok=True)
+    transform = UnitTransform(unit, tokenizer, config)
+    try:
+        with pq.ParquetWriter(partial_shard, EXAMPLE_SCHEMA, compression="zstd") as writer:
+            for table in transform.tables():
+                if table.num_rows:
+                    writer.write_table(table, row_group_size=table.num_rows)
+        pq.write_table(transform.heldout_table(), partial_heldout, compression="zstd")
+    except BaseException:
+        partial_shard.unlink(missing_ok=True)
+        partial_heldout.unlink(missing_ok=True)
+        raise
+    os.replace(partial_shard, shard)
+    os.replace(partial_heldout, heldout)
+    summary = transform.summary()
+    summary.update(
+        fingerprint=fingerprint,
+        sha256=_sha256_file(shard),
+        heldout_sha256=_sha256_file(heldout),
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    _write_json_atomic(layout.marker(unit), summary)
+    return summary
+
+
+def completed_summary(layout: _Layout, unit: Unit, fingerprint: str) -> dict[str, Any] | None:
+    """The unit's marker if it matches this plan and its shard and held-out part still have their sha256."""
+    try:
+        summary = json.loads(layout.marker(unit).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("fingerprint") != fingerprint:
+        return None
+    for path, key in ((layout.shard(unit), "sha256"), (layout.heldout_part(unit), "heldout_sha256")):
+        if not path.is_file() or _sha256_file(path) != summary.get(key):
+            return None
+    return summary
+
+
+def _prepare_output(layout: _Layout, config: PreprocessConfig, fingerprint: str, units: list[Unit]) -> None:
+    if layout.plan.is_file():
+        try:
+            old = json.loads(layout.plan.read_text()).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            old = None
+        if old != fingerprint:
+            raise ValueError(
+                f"{layout.root}: holds a preprocess run with other inputs, input sizes, tokenizer or options "
+                f"({layout.plan}); use a new --output directory or delete this one"
+            )
+    elif layout.train.exists() or layout.manifest.exists():
+        raise ValueError(
+            f"{layout.root}: has {TRAIN_DIR}/ or {MANIFEST_FILE} but no {PROGRESS_DIR}/{PLAN_FILE}: not a resumable "
+            "preprocess output; use a new --output directory"
+        )
+    for d in (layout.train, layout.progress, layout.heldout.parent):
+        d.mkdir(parents=True, exist_ok=True)
+    if not layout.plan.is_file():
+        plan = {
+            "fingerprint": fingerprint,
+            "options": config.output_options(),
+            "units": [[f.path for f in u.files] for u in units],
+        }
+        _write_json_atomic(layout.plan, plan)
+    for stale in layout.progress.glob("*.partial"):  # left by an interrupted run
+        stale.unlink()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Ray Data glue
+
+
+_TOKENIZERS: dict[str, Tokenizer] = {}  # per worker process: SentencePiece and the word-start table built once
+
+
+def _worker_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
+    """The process's ready copy of `tokenizer` (Ray reuses worker processes across tasks)."""
+    cached = _TOKENIZERS.get(tokenizer.sha256)
+    if cached is None or (cached.lower_case, cached.keep_accents) != (tokenizer.lower_case, tokenizer.keep_accents):
+        _ = tokenizer.sp, tokenizer.word_start_table
+        _TOKENIZERS[tokenizer.sha256] = cached = tokenizer
+    return cached
+
+
+def _write_shards(batch: dict[str, np.ndarray], tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str):
+    """map_batches task: commit each unit of the batch; a CorpusError comes back as data, so the driver can raise
+    it naming the file and line/record (not wrapped in Ray's task error)."""
+    tokenizer = _worker_tokenizer(tokenizer)
+    out = []
+    for text in batch["unit"]:
+        unit = Unit.from_json(str(text))
+        try:
+            summary = write_unit(unit, tokenizer, config, fingerprint)
+        except CorpusError as err:
+            summary = {"unit": unit.index, "error": asdict(err.skip)}
+        out.append(json.dumps(summary))
+    return {"summary": np.array(out, dtype=object)}
+
+
+def _stream_tables(batch: dict[str, np.ndarray], tokenizer: Tokenizer, config: PreprocessConfig) -> Iterator[pa.Table]:
+    tokenizer = _worker_tokenizer(tokenizer)
+    for text in batch["unit"]:
+        for table in UnitTransform(Unit.from_json(str(text)), tokenizer, config).tables():
+            if table.num_rows:
+                yield table
+
+
+def _workers(config: PreprocessConfig, n_units: int) -> int:
+    import ray
+
+    if config.num_cpus is not None:
+        wanted = config.num_cpus
+    else:
+        if not ray.is_initialized():
+            ray.init()
+        wanted = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, min(wanted, n_units))
+
+
+def _units_dataset(units: list[Unit], fn, fn_kwargs: dict, config: PreprocessConfig):
+    """One row and one block per unit, mapped by plain tasks of one CPU each (measured: as fast as an actor pool
+    on this work, and without an actor pool's seconds of start-up per run)."""
+    import ray.data
+
+    ds = ray.data.from_items([{"unit": u.to_json()} for u in units], override_num_blocks=len(units))
+    ds.context.enable_progress_bars = False
+    ds.context.execution_options.preserve_order = True
+    return ds.map_batches(
+        fn,
+        batch_size=1,
+        batch_format="numpy",
+        num_cpus=1,
+        compute=ray.data.TaskPoolStrategy(size=_workers(config, len(units))),
+        fn_kwargs=fn_kwargs,
+    )
+
+
+def stream_examples(config: PreprocessConfig):
+    """The examples as a ray.data.Dataset of EXAMPLE_SCHEMA rows, made on the fly (nothing is written): the same
+    rows, ids and order as the shards run_preprocess writes."""
+    tokenizer = Tokenizer.load(config.tokenizer)
+    units = plan_units(list_input_files(config), config.shard_input_bytes)
+    return _units_dataset(units, _stream_tables, {"tokenizer": tokenizer, "config": config}, config)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the driver
+
+
+def _progress(config: PreprocessConfig, total: int, initial: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="file", desc="preprocess", disable=not config.progress)
+
+
+def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
+    """Preprocess (or resume) into config.output; returns the manifest it writes there."""
+    started = time.perf_counter()
+    tokenizer = Tokenizer.load(config.tokenizer)
+    units = plan_units(list_input_files(config), config.shard_input_bytes)
+    fingerprint = plan_fingerprint(config, tokenizer, units)
+    layout = _Layout(config.output)
+    _prepare_output(layout, config, fingerprint, units)
+
+    summaries: dict[int, dict] = {}
+    for unit in units:
+        done = completed_summary(layout, unit, fingerprint)
+        if done is not None:
+            summaries[unit.index] = done
+    resumed = len(summaries)
+    pending = [u for u in units if u.index not in summaries]
+
+    pipeline_started = time.perf_counter()
+    if pending:
+        n_files = {u.index: len(u.files) for u in units}
+        with _progress(config, sum(n_files.values()), sum(n_files[i] for i in summaries)) as bar:
+            kwargs = {"tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
+            ds = _units_dataset(pending, _write_shards, kwargs, config)
+            for row in ds.iter_rows():
+                summary = json.loads(row["summary"])
+                if "error" in summary:
+                    raise CorpusError(Skip(**summary["error"]))
+                summaries[summary["unit"]] = summary
+                bar.update(n_files[summary["unit"]])
+    pipeline_seconds = time.perf_counter() - pipeline_started
+
+    heldout_sha = _merge_heldout(layout, units)
+    ordered = [summaries[u.index] for u in units]
+    manifest = _manifest(config, tokenizer, units, ordered, heldout_sha)
+    new_tokens = sum(f["tokens"] for u in pending for f in summaries[u.index]["files"].values())
+    manifest["timings"] = {
+        "total_s": round(time.perf_counter() - started, 3),
+        "pipeline_s": round(pipeline_seconds, 3),
+        "shards_resumed": resumed,
+        "shards_written": len(pending),
+        "tokens_per_s": round(new_tokens / pipeline_seconds, 1) if pending and pipeline_seconds > 0 else None,
+        "worker_s": round(sum(summaries[u.index]["seconds"] for u in pending), 3),
+    }
+    _write_json_atomic(layout.manifest, manifest)
+    return manifest
+
+
+def _merge_heldout(layout: _Layout, units: list[Unit]) -> str:
+    tables = [pq.read_table(layout.heldout_part(u), schema=HELDOUT_SCHEMA) for u in units]
+    table = pa.concat_tables(tables) if tables else HELDOUT_SCHEMA.empty_table()
+    partial = layout.partial(layout.heldout)
+    pq.write_table(table, partial, compression="zstd")
+    os.replace(partial, layout.heldout)
+    return _sha256_file(layout.heldout)
+
+
+def _manifest(config, tokenizer: Tokenizer, units: list[Unit], summaries: list[dict], heldout_sha: str) -> dict:
+    files: dict[str, dict] = {}
+    skipped: Counter[str] = Counter()
+    pair_counts: Counter[str] = Counter()
+    for summary in summaries:
+        files.update(summary["files"])
+        pair_counts.update(summary["pair_counts"])
+        for stats in summary["files"].values():
+            skipped.update(stats["skipped"])
+
+    def total(name: str) -> int:
+        return sum(stats[name] for stats in files.values())
+
+    documents = {
+        "read": total("documents"),
+        "used": total("used"),
+        "heldout": total("heldout"),
+        "skipped": sum(skipped.values()),
+        "skipped_by_reason": dict(sorted(skipped.items())),
+    }
+    if documents["read"] != documents["used"] + documents["heldout"] + documents["skipped"]:
+        raise AssertionError(f"document accounting does not add up: {documents}")
+    return {
+        "version": MANIFEST_VERSION,
+        "config": asdict(config),
+        "tokenizer": {
+            "path": config.tokenizer,
+            "sha256": tokenizer.sha256,
+            "vocab_size": tokenizer.vocab_size,
+            "lower_case": tokenizer.lower_case,
+            "keep_accents": tokenizer.keep_accents,
+        },
+        "schema": EXAMPLE_SCHEMA.names,
+        "documents": documents,
+        "sentences": total("sentences"),
+        "tokens": total("tokens"),
+        "examples": sum(s["rows"] for s in summaries),
+        "example_tokens": sum(s["example_tokens"] for s in summaries),
+        "pair_counts": dict(sorted(pair_counts.items())),
+        "shards": [
+            {
+                "name": f"{TRAIN_DIR}/{s['shard']}",
+                "rows": s["rows"],
+                "sha256": s["sha256"],
+                "files": [f.path for f in u.files],
+            }
+            for u, s in zip(units, summaries, strict=True)
+        ],
+        "heldout": {"file": HELDOUT_FILE, "documents": documents["heldout"], "sha256": heldout_sha},
+        "files": files,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def cmd_preprocess(args: argparse.Namespace) -> int:
+    import ray
+
+    config = PreprocessConfig(
+        inputs=args.input,
+        tokenizer=args.tokenizer,
+        output=args.output,
+        objective=args.objective,
+        max_seq_length=args.max_seq_length,
+        short_seq_prob=args.short_seq_prob,
+        seed=args.seed,
+        on_error=args.on_error,
+        heldout_fraction=args.heldout_fraction,
+        shard_input_bytes=int(args.shard_mb * (1 << 20)),
+        fmt=args.format,
+        text_field=args.text_field,
+        split=args.split,
+        num_cpus=args.num_cpus,
+    )
+    if not ray.is_initialized():
+        ray.init(num_cpus=args.num_cpus, include_dashboard=False)
+    m = run_preprocess(config)
+    d, t = m["documents"], m["timings"]
+    reasons = ", ".join(f"{k} {v}" for k, v in d["skipped_by_reason"].items()) or "none"
+    print(f"documents: {d['read']} read, {d['used']} used, {d['heldout']} held out, {d['skipped']} skipped ({reasons})")
+    print(f"sentences: {m['sentences']}  tokens: {m['tokens']}  examples: {m['examples']}  shards: {len(m['shards'])}")
+    speed = f"{t['tokens_per_s']:,.0f} tokens/s" if t["tokens_per_s"] else "nothing to redo"
+    print(f"time: {t['total_s']:.1f}s ({speed}; {t['shards_resumed']} shards resumed)")
+    print(f"wrote {Path(config.output) / MANIFEST_FILE}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `albert preprocess` to the CLI's subcommands."""
+    p = commands.add_parser("preprocess", help="corpora -> Parquet shards of SOP/NSP pair examples + manifest")
+    p.add_argument("--input", nargs="+", required=True, help="files, directories, globs or fsspec URLs")
+    p.add_argument("--tokenizer", required=True, help="spiece.model (or its directory)")
+    p.add_argument("--output", required=True, help="output directory (rerun into it to resume)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="sop")
+    p.add_argument("--max-seq-length", type=int, default=512)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--on-error", choices=ON_ERROR, default="skip")
+    p.add_argument("--heldout-fraction", type=float, default=0.01)
+    p.add_argument("--shard-mb", type=float, default=16.0, help="input megabytes grouped into one shard")
+    p.add_argument("--format", choices=FORMATS, default="auto")
+    p.add_argument("--text-field", default="text", help="JSONL / Parquet field holding the text")
+    p.add_argument("--split", choices=SPLITS, default="file", help="plain text: a document per file or paragraph")
+    p.add_argument("--num-cpus", type=int, default=None, help="workers (default: all CPUs)")
+    p.set_defaults(func=cmd_preprocess)
+    return p
