@@ -321,3 +321,169 @@ def test_submit_options_after_the_job_arguments_are_taken_by_submit():
 def test_arguments_after_a_double_dash_go_to_the_job_untouched():
     own, job = jobs.split_submit_args(["--config", "c.toml", "--", "--wait", "--address=x"])
     assert own == [] and job == ["--config", "c.toml", "--wait", "--address=x"]
+
+
+# --- cluster/ deployment files -------------------------------------------------------------------------
+
+CLUSTER = REPO / "cluster"
+LAUNCHER_FILES = sorted(CLUSTER.glob("gcp-*.yaml"))
+KUBERAY_FILES = sorted((CLUSTER / "kuberay").glob("*.yaml"))
+TOKEN_SECRET = {"name": "albert-ray-token", "key": "auth_token"}
+
+
+def _yaml_docs(path: Path) -> list[dict]:
+    import yaml
+
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def _launcher(path: Path) -> dict:
+    (config,) = _yaml_docs(path)
+    return config
+
+
+def _kuberay_objects() -> list[dict]:
+    return [doc for path in KUBERAY_FILES for doc in _yaml_docs(path)]
+
+
+def _ray_cluster_specs() -> list[dict]:
+    specs = []
+    for obj in _kuberay_objects():
+        if obj["kind"] == "RayCluster":
+            specs.append(obj["spec"])
+        elif obj["kind"] == "RayJob":
+            specs.append(obj["spec"]["rayClusterSpec"])
+    return specs
+
+
+def _pod_specs() -> list[dict]:
+    """Every pod template of every Ray cluster (head, each worker group) and every RayJob submitter."""
+    pods = []
+    for spec in _ray_cluster_specs():
+        pods.append(spec["headGroupSpec"]["template"])
+        pods.extend(group["template"] for group in spec["workerGroupSpecs"])
+    pods.extend(o["spec"]["submitterPodTemplate"] for o in _kuberay_objects() if o["kind"] == "RayJob")
+    return pods
+
+
+def test_cluster_directory_holds_the_launcher_and_kuberay_files():
+    assert {p.name for p in LAUNCHER_FILES} == {"gcp-tpu-v4.yaml", "gcp-tpu-v5e.yaml", "gcp-gpu.yaml"}
+    assert {p.name for p in KUBERAY_FILES} == {"shared.yaml", "raycluster.yaml", "rayjob.yaml"}
+
+
+@pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
+def test_launcher_config_passes_rays_own_schema_and_node_type_checks(path):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = _launcher(path)
+    for key in ("cluster_name", "provider", "available_node_types", "head_node_type"):
+        assert key in config, f"{path.name}: no {key}"
+    validate_config(prepare_config(config))  # Ray's schema, head_node_type among the types, worker bounds
+
+
+@pytest.mark.parametrize("path", LAUNCHER_FILES, ids=lambda p: p.name)
+def test_launcher_starts_ray_with_token_auth_the_venv_first_and_a_loopback_dashboard(path):
+    config = _launcher(path)
+    (head_start,) = [c for c in config["head_start_ray_commands"] if "ray start" in c]
+    (worker_start,) = [c for c in config["worker_start_ray_commands"] if "ray start" in c]
+    assert "--dashboard-host=127.0.0.1" in head_start
+    for command in (head_start, worker_start):
+        assert "RAY_AUTH_MODE=token" in command
+        assert command.index("PATH=$HOME/venv/bin:$PATH") < command.index("ray start")
+    assert config["file_mounts"]["~/.ray/auth_token"].startswith("~/.ray/")  # the token reaches every node
+    assert {".venv", "data", "runs", ".cache", ".git"} <= set(config["rsync_exclude"])
+
+
+@pytest.mark.parametrize("path", [p for p in LAUNCHER_FILES if "tpu" in p.name], ids=lambda p: p.name)
+def test_tpu_launcher_describes_a_multi_host_slice_with_one_ray_worker_per_host(path):
+    from ray._private.accelerators import TPUAcceleratorManager, tpu
+
+    config = _launcher(path)
+    tpu_types = [t for t in config["available_node_types"].values() if "acceleratorType" in t["node_config"]]
+    assert len(tpu_types) == 1
+    node = tpu_types[0]
+    accelerator = node["node_config"]["acceleratorType"]
+    assert TPUAcceleratorManager.is_valid_tpu_accelerator_type(accelerator)
+    chips_per_host = tpu.get_num_tpu_visible_chips_per_host(accelerator)
+    chips = int(accelerator.rsplit("-", 1)[1]) // tpu.get_tpu_cores_per_chip(accelerator)
+    assert chips // chips_per_host > 1  # a pod slice: several hosts
+    assert node["resources"] == {"TPU": chips_per_host}
+    assert node["node_config"]["runtimeVersion"]
+    assert "PJRT_DEVICE=TPU" in " ".join(config["worker_start_ray_commands"])
+    assert "torch_xla[tpu]==2.9.0" in " ".join(config["setup_commands"])
+
+
+def test_gpu_launcher_node_types_declare_their_gpus_and_stop_on_host_maintenance():
+    import re
+
+    config = _launcher(CLUSTER / "gcp-gpu.yaml")
+    gpu_types = {n: t for n, t in config["available_node_types"].items() if "GPU" in t["resources"]}
+    assert len(gpu_types) >= 2
+    for name, node in gpu_types.items():
+        gpus = int(re.search(r"-(\d+)g$", node["node_config"]["machineType"]).group(1))
+        assert node["resources"]["GPU"] == gpus, name
+        assert node["node_config"]["scheduling"]["onHostMaintenance"] == "TERMINATE", name
+    assert "NCCL_DEBUG" in " ".join(config["worker_start_ray_commands"])
+
+
+def test_kuberay_objects_have_the_fields_kubernetes_and_kuberay_need():
+    objects = _kuberay_objects()
+    assert {o["kind"] for o in objects} >= {"RayCluster", "RayJob", "NetworkPolicy"}
+    for obj in objects:
+        assert obj["apiVersion"] and obj["metadata"]["name"] and ("spec" in obj or "data" in obj), obj["kind"]
+        if obj["kind"] in ("RayCluster", "RayJob"):
+            assert obj["apiVersion"] == "ray.io/v1"
+    for spec in _ray_cluster_specs():
+        assert spec["headGroupSpec"]["template"]["spec"]["containers"]
+        assert all(group["groupName"] and group["template"]["spec"]["containers"] for group in spec["workerGroupSpecs"])
+
+
+def test_kuberay_ray_version_and_image_base_match_the_installed_ray():
+    import ray
+
+    assert {spec["rayVersion"] for spec in _ray_cluster_specs()} == {ray.__version__}
+    assert f"FROM rayproject/ray:{ray.__version__}-py311" in (CLUSTER / "Dockerfile").read_text()
+
+
+def test_every_kuberay_ray_container_gets_token_auth_from_the_secret():
+    for pod in _pod_specs():
+        for container in pod["spec"]["containers"]:
+            env = {e["name"]: e for e in container["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token", container["name"]
+            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == TOKEN_SECRET, container["name"]
+            assert "value" not in env["RAY_AUTH_TOKEN"]  # never a literal token in a manifest
+
+
+def test_kuberay_dashboard_stays_inside_the_cluster_and_the_network_policy_covers_every_pod():
+    objects = _kuberay_objects()
+    assert not [o for o in objects if o["kind"] in ("Ingress", "Service")]
+    assert {spec["headGroupSpec"]["serviceType"] for spec in _ray_cluster_specs()} == {"ClusterIP"}
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]
+    for pod in _pod_specs():
+        assert selector.items() <= pod["metadata"]["labels"].items()
+
+
+def test_rayjob_recipe_is_a_valid_run_config_on_the_shared_volume():
+    import shlex
+    import tomllib
+
+    from services.run_config import RunConfig
+
+    objects = _kuberay_objects()
+    (job,) = [o for o in objects if o["kind"] == "RayJob"]
+    config_path = Path(shlex.split(job["spec"]["entrypoint"])[-1])
+    assert shlex.split(job["spec"]["entrypoint"])[:4] == ["python", "-m", "services.cli", "pretrain"]
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    recipe = RunConfig.from_dict(tomllib.loads(config_map["data"][config_path.name]), source="rayjob.yaml")
+    spec = job["spec"]["rayClusterSpec"]
+    for pod in [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]:
+        mounts = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes[mounts[str(config_path.parent)]]["configMap"]["name"] == config_map["metadata"]["name"]
+        shared = next(path for path, name in mounts.items() if "persistentVolumeClaim" in volumes[name])
+        assert Path(recipe.run.output_dir).is_relative_to(shared) and Path(recipe.data.shards).is_relative_to(shared)
+    gpus = sum(g["replicas"] * int(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+               for g in spec["workerGroupSpecs"])  # fmt: skip
+    assert recipe.train.backend == "cuda" and recipe.train.num_workers == gpus
