@@ -457,7 +457,7 @@ def test_a_missing_tokenizer_fails_before_anything_is_written(corpus, tmp_path):
     )
     with pytest.raises(FileNotFoundError, match="no SentencePiece model"):
         run_preprocess(config)
-    assert not output.exists()
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize(
