@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--cased", action="store_true", help="keep case (default: lower-case as ALBERT)")
     train.add_argument("--allow-smaller-vocab", action="store_true")
     train.set_defaults(func=cmd_tokenizer_train)
+
+    # Services that own their subcommands.
+    from services import finetune, jobs, preprocess
+
+    preprocess.register(commands)
+    finetune.register(commands)
+    jobs.register(commands)
     return parser
 
 
