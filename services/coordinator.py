@@ -160,8 +160,9 @@ class Coordinator:
         last = self.state["last_train"]
         if last is not None and last["step"] == step and last["metrics"] == metrics:
             return
-        if last is not None and step < last["step"]:
-            self._event(step, "resumed_from_earlier_step", previous_step=last["step"])
+        if last is not None and step <= last["step"]:  # training resumed from an earlier checkpoint
+            dropped = self._drop_train_lines_from(step)
+            self._event(step, "resumed", previous_step=last["step"], train_lines_dropped=dropped)
         self._append({"step": step, "time": time.time(), "kind": "train", **metrics})
         self.state["last_train"] = {"step": step, "metrics": metrics}
         self.state["step"] = step
@@ -173,8 +174,9 @@ class Coordinator:
     ) -> dict[str, Any]:
         """Verify, index, schedule an evaluation when one is due, apply retention.
 
-        Returns {"accepted", "reason" (when refused), "eval_scheduled", "deleted": [paths]}. `final=True` (the
-        run's last checkpoint) evaluates it even off the every_steps schedule.
+        Returns {"accepted", "reason" (when refused), "eval_scheduled", "deleted": [paths]}. The run's last
+        checkpoint (step >= optim.total_steps, or `final=True` for a run stopped early) is evaluated even off the
+        every_steps schedule.
         """
         self._collect()
         step = _check_step(step)
@@ -252,7 +254,7 @@ class Coordinator:
         every = self.config.eval.every_steps
         last = self.state["last_eval_scheduled"]
         on_schedule = every > 0 and step // every > (last if last is not None else 0) // every
-        return on_schedule or final
+        return on_schedule or final or step >= self.config.optim.total_steps
 
     def _schedule_eval(self, step: int, path: str) -> None:
         entry = self._eval(step)
@@ -437,6 +439,16 @@ class Coordinator:
                 if entry is not None and entry["status"] == "pending":
                     metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind", "checkpoint")}
                     entry.update(status="done", metrics=metrics, error=None)
+
+    def _drop_train_lines_from(self, step: int) -> int:
+        """Rewrite metrics.jsonl without the train lines at or past `step` (a resumed run reports them again)."""
+        path = self.run_dir / METRICS_FILE
+        lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
+        kept = [
+            line for line in lines if not (json.loads(line)["kind"] == "train" and json.loads(line)["step"] >= step)
+        ]
+        atomic_write_bytes(path, "".join(kept).encode())
+        return len(lines) - len(kept)
 
     def _append(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, allow_nan=True) + "\n"

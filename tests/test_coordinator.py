@@ -114,6 +114,7 @@ class Run:
             "data": {"shards": str(self.shards), "max_seq_length": 32},
             "train": {"keep_last": 2, **sections.get("train", {})},
             "eval": {"every_steps": 0, "batch_size": 16, "heldout_batches": 2, **sections.get("eval", {})},
+            "optim": sections.get("optim", {}),
         }
         self.config = RunConfig.from_dict(config).to_dict()
         self.actor = get_or_create_coordinator(self.dir, self.name, self.config)
@@ -188,6 +189,16 @@ def test_a_retried_report_is_written_once(make_run):
     run.call("report", 10, {"loss": 6.5})
     run.call("report", 10, {"loss": 6.5})
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "train"] == [10]
+
+
+def test_a_resumed_run_replaces_the_train_lines_from_its_resume_step(make_run):
+    run = make_run()
+    for step in (10, 20, 30):
+        run.call("report", step, {"loss": 1.0})
+    run.call("report", 20, {"loss": 0.9})  # resumed from the checkpoint at step 10
+    train = [(line["step"], line["loss"]) for line in metrics_lines(run.dir) if line["kind"] == "train"]
+    assert train == [(10, 1.0), (20, 0.9)]
+    assert [(e["previous_step"], e["train_lines_dropped"]) for e in events(run.dir, "resumed")] == [(30, 2)]
 
 
 def test_dropout_removal_at_the_configured_step_is_an_event(make_run):
@@ -285,12 +296,18 @@ def test_a_checkpoint_on_the_eval_schedule_gets_an_eval_line_with_the_three_accu
     assert table[2].startswith("| 100 | 1.0000 |")
 
 
-def test_the_final_checkpoint_is_evaluated_off_the_schedule(make_run):
-    run = make_run(eval={"every_steps": 0})
+def test_the_checkpoint_at_total_steps_is_evaluated_off_the_schedule(make_run):
+    run = make_run(eval={"every_steps": 0}, optim={"total_steps": 120, "warmup_steps": 10})
     assert not run.call("checkpoint_saved", 100, run.checkpoint(100))["eval_scheduled"]
-    assert run.call("checkpoint_saved", 120, run.checkpoint(120), final=True)["eval_scheduled"]
+    assert run.call("checkpoint_saved", 120, run.checkpoint(120))["eval_scheduled"]
     assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
     assert run.call("status")["evals"]["done"] == [120]
+
+
+def test_a_checkpoint_marked_final_is_evaluated_off_the_schedule(make_run):
+    run = make_run(eval={"every_steps": 0})
+    assert run.call("checkpoint_saved", 70, run.checkpoint(70), final=True)["eval_scheduled"]
+    assert run.call("status")["evals"]["pending"] == [70]
 
 
 def test_an_evaluator_that_dies_is_relaunched(make_run):
