@@ -444,9 +444,8 @@ class Coordinator:
         """Rewrite metrics.jsonl without the train lines at or past `step` (a resumed run reports them again)."""
         path = self.run_dir / METRICS_FILE
         lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
-        kept = [
-            line for line in lines if not (json.loads(line)["kind"] == "train" and json.loads(line)["step"] >= step)
-        ]
+        records = [json.loads(line) for line in lines]
+        kept = [line for line, r in zip(lines, records, strict=True) if r["kind"] != "train" or r["step"] < step]
         atomic_write_bytes(path, "".join(kept).encode())
         return len(lines) - len(kept)
 
