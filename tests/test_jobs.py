@@ -158,7 +158,7 @@ def test_stopping_a_long_running_job_ends_it_stopped(cluster):
 
 def test_failing_job_with_wait_raises_naming_job_and_status(cluster):
     with pytest.raises(jobs.JobFailedError, match=r"raysubmit_\w+ ended FAILED"):
-        jobs.submit("model", ["info", "--preset", "no-such-preset"], working_dir=REPO, wait=True, **cluster.conn())
+        jobs.submit("model", ["info", "--no-such-flag"], working_dir=REPO, wait=True, **cluster.conn())
 
 
 def test_working_dir_upload_leaves_out_venvs_caches_corpora_and_runs(cluster, tmp_path):
@@ -487,3 +487,21 @@ def test_rayjob_recipe_is_a_valid_run_config_on_the_shared_volume():
     gpus = sum(g["replicas"] * int(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
                for g in spec["workerGroupSpecs"])  # fmt: skip
     assert recipe.train.backend == "cuda" and recipe.train.num_workers == gpus
+
+
+def test_unreachable_job_server_is_reported_with_its_address():
+    address = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(jobs.JobsError, match=f"cannot reach the Ray job server at {address}"):
+        jobs.list_jobs(address=address, environ={"RAY_AUTH_MODE": "disabled"})
+
+
+def test_runtime_env_extras_add_env_vars_and_excludes_to_the_defaults():
+    env = jobs.build_runtime_env(REPO, {"env_vars": {"ALBERT_X": "1"}, "excludes": ["big/"]})
+    assert env["env_vars"] == {"ALBERT_X": "1"}
+    assert env["excludes"] == [*jobs.EXCLUDES, "big/"]
+    assert env["working_dir"] == str(REPO)
+
+
+def test_runtime_env_refuses_the_token_variable():
+    with pytest.raises(jobs.JobsError, match="RAY_AUTH_TOKEN: refused"):
+        jobs.build_runtime_env(REPO, {"env_vars": {"RAY_AUTH_TOKEN": "x"}})
