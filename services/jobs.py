@@ -219,11 +219,10 @@ def build_runtime_env(working_dir: str | os.PathLike = ".", extra: Mapping[str, 
     if "://" not in working_dir and not Path(working_dir).is_dir():
         raise JobsError(f"working_dir {working_dir!r}: not a directory")
     env = {"working_dir": working_dir, "excludes": [*EXCLUDES, *extra.pop("excludes", [])]}
-    for key in ("env_vars",):
-        value = extra.get(key)
-        if value is not None and not (isinstance(value, dict) and all(isinstance(v, str) for v in value.values())):
-            raise JobsError(f"runtime_env.{key}: expected a mapping of names to strings, got {value!r}")
-    if TOKEN_ENV in extra.get("env_vars", {}):
+    env_vars = extra.get("env_vars", {})
+    if not (isinstance(env_vars, dict) and all(isinstance(v, str) for v in env_vars.values())):
+        raise JobsError(f"runtime_env.env_vars: expected a mapping of names to strings, got {env_vars!r}")
+    if TOKEN_ENV in env_vars:
         raise JobsError(f"runtime_env.env_vars.{TOKEN_ENV}: refused; the cluster's nodes hold the token already")
     env.update(extra)
     return env
