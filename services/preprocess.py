@@ -157,9 +157,12 @@ class Unit:
 
 
 def _file_key(path: str, root: str) -> str:
-    root = root.rstrip("/")
-    if path.startswith(root + "/"):
-        return path[len(root) + 1 :]
+    """`path` relative to the input `root` it was listed under (spelled as list_inputs spells paths: absolute,
+    or a full URL); the file name where root names the file itself or a glob."""
+    fs, stripped = fsspec.core.url_to_fs(root)
+    base = (fs.unstrip_protocol(stripped) if "://" in root else stripped).rstrip("/")
+    if path.startswith(base + "/"):
+        return path[len(base) + 1 :]
     return posixpath.basename(path.rstrip("/")) or path
 
 
@@ -176,7 +179,11 @@ def list_input_files(config: PreprocessConfig) -> list[InputFile]:
     files: list[InputFile] = []
     seen: set[str] = set()
     for root in config.inputs:
-        for path in list_inputs(root, fmt=config.fmt):
+        paths = list_inputs(root, fmt=config.fmt)
+        if not paths:
+            known = "a known extension" if config.fmt == "auto" else f"format {config.fmt}"
+            raise ValueError(f"{root}: no input files found (expected files with {known}, not hidden)")
+        for path in paths:
             if path not in seen:
                 seen.add(path)
                 files.append(InputFile(path, _file_key(path, root), _size(path)))
@@ -227,9 +234,9 @@ def _drop_marks(match: re.Match) -> str:
 
 def preprocess_sentences(tokenizer: Tokenizer, sentences: list[str]) -> list[str]:
     """[tokenizer.preprocess(s) for s in sentences], computed on the newline-joined text mostly at C speed: ASCII
-    text needs no NFKD or accent removal. Equal because sentences
-    hold no newline (split_sentences collapses whitespace) and every step stops at a newline (NFKD reordering,
-    the final-sigma rule of lower()); combining marks are looked for in the non-ASCII runs only."""
+    text needs no NFKD or accent removal, and combining marks are looked for in non-ASCII runs only. Equal
+    because sentences hold no newline (split_sentences collapses whitespace) and every step stops at a newline
+    (NFKD reordering, the final-sigma rule of lower())."""
     if not sentences:
         return []
     text = "\n".join(sentences)
@@ -262,6 +269,7 @@ class FileStats:
 @dataclass
 class _Doc:
     file: str
+    location: str
     sentences: list[str]
     ids: list[list[int]] = field(default_factory=list)
 
@@ -304,7 +312,7 @@ class UnitTransform:
                 if h < self._threshold:
                     self._hold_out(f.path, record, h >> 1)
                     continue
-                group.append(_Doc(f.path, split_sentences(record.text)))
+                group.append(_Doc(f.path, record.location, split_sentences(record.text)))
                 chars += len(record.text)
                 if len(group) >= config.docs_per_group or chars >= GROUP_CHARS:
                     yield self._pairs(group)
@@ -324,7 +332,7 @@ class UnitTransform:
             stats.tokens += sum(len(s) for s in d.ids)
 
     def _hold_out(self, path: str, record: Document, doc_id: int) -> None:
-        doc = _Doc(path, split_sentences(record.text))
+        doc = _Doc(path, record.location, split_sentences(record.text))
         self._encode([doc])
         self.files[path].heldout += 1
         sentences = [s for s in doc.ids if s]
@@ -349,7 +357,7 @@ class UnitTransform:
                 self.files[d.file].used += 1
             else:  # create_pairs' rule: fewer than two tokens in all
                 reason = "no_tokens" if n_tokens == 0 else "single_token"
-                self.files[d.file].skip("document", reason, f"{n_tokens} tokens: a pair needs at least 2")
+                self.files[d.file].skip(d.location, reason, f"{n_tokens} tokens: a pair needs at least 2")
         if int((~used).sum()) != sum(result.skipped_documents.values()):
             raise AssertionError(f"unit {self.unit.index}: pair skips {result.skipped_documents} != unused documents")
         self.pair_counts.update(result.counts)

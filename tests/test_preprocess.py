@@ -25,6 +25,7 @@ from services.preprocess import (
     PROGRESS_DIR,
     PreprocessConfig,
     heldout_hash,
+    list_input_files,
     preprocess_sentences,
     register,
     run_preprocess,
@@ -179,6 +180,13 @@ def test_skip_details_name_the_record(skip_run, corpus):
     _, manifest = skip_run
     [example] = manifest["files"][str(corpus / "bad" / "malformed.jsonl")]["skip_examples"]
     assert example["location"] == "line 2" and example["reason"] == "malformed_record"
+
+
+@pytest.mark.ray
+def test_pair_skips_name_the_document_and_its_token_count(skip_run, corpus):
+    _, manifest = skip_run
+    [example] = manifest["files"][str(corpus / "bad" / "single_token.txt")]["skip_examples"]
+    assert example == {"location": "file", "reason": "single_token", "detail": "1 tokens: a pair needs at least 2"}
 
 
 @pytest.mark.ray
@@ -449,6 +457,21 @@ def test_cli_preprocess_runs_and_prints_the_counts(ray_local, corpus, tokenizer_
     assert f"{d['read']} read, {d['used']} used, {d['heldout']} held out, {d['skipped']} skipped" in printed
     assert f"examples: {manifest['examples']}" in printed and "tokens/s" in printed
     assert manifest["config"]["objective"] == "nsp" and manifest["config"]["max_seq_length"] == 64
+
+
+def test_held_out_keys_do_not_depend_on_how_the_input_directory_is_spelled(corpus, monkeypatch):
+    absolute = list_input_files(PreprocessConfig(inputs=[str(corpus / "good")], tokenizer="t", output="o"))
+    monkeypatch.chdir(corpus)
+    relative = list_input_files(PreprocessConfig(inputs=["good/"], tokenizer="t", output="o"))
+    assert [f.key for f in relative] == [f.key for f in absolute]
+    assert "doc_00.txt" in [f.key for f in absolute] and "pages.xml.bz2" in [f.key for f in absolute]
+
+
+def test_an_input_directory_without_corpus_files_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"empty: no input files found"):
+        list_input_files(PreprocessConfig(inputs=[str(tmp_path / "empty")], tokenizer="t", output="o"))
 
 
 def test_a_missing_tokenizer_fails_before_anything_is_written(corpus, tmp_path):
