@@ -650,6 +650,7 @@ _STARTERS = frozenset(
 _OPEN_PUNCT = "\"'“‘«([{"
 _RE_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*(?=\s|$)|[。！？]+[\"”’」』)]*")
 _RE_PARAGRAPH = re.compile(r"\n\s*\n")
+_RE_NEXT_WORD = re.compile(r"\s*(\S*)")
 
 
 def _is_boundary(prev: str, terminator: str, next_word: str) -> bool:
@@ -690,10 +691,9 @@ def split_sentences(text: str) -> list[str]:
         start = 0
         for match in _RE_SENTENCE_END.finditer(para):
             end = match.end()
-            prev_match = re.search(r"(\S*)$", para[start : match.start()])
-            prev = prev_match.group(1) if prev_match else ""
-            next_match = re.match(r"\s*(\S*)", para[end:])
-            next_word = next_match.group(1) if next_match else ""
+            # The words around the terminator, found by position (no copies of the paragraph's tail).
+            prev = para[max(start, para.rfind(" ", start, match.start()) + 1) : match.start()]
+            next_word = _RE_NEXT_WORD.match(para, end).group(1)
             if _is_boundary(prev, match.group(), next_word):
                 sentence = para[start:end].strip()
                 if sentence:
