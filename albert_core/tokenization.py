@@ -60,12 +60,19 @@ class TokenizerTrainConfig:
     allow_smaller_vocab: bool = False  # if the corpus is too small for vocab_size, train the largest it supports
 
 
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
+def _drop_marks(match: re.Match) -> str:
+    """Combining marks (accents after NFKD) removed; they only occur in non-ASCII runs."""
+    return "".join(c for c in match.group() if not unicodedata.category(c).startswith("M"))
+
+
 def preprocess_text(text: str, *, lower_case: bool = True, keep_accents: bool = False) -> str:
     """The normalization transformers' AlbertTokenizer applies before SentencePiece."""
     text = text.replace("``", '"').replace("''", '"')
-    if not keep_accents:
-        text = unicodedata.normalize("NFKD", text)
-        text = "".join(c for c in text if not unicodedata.category(c).startswith("M"))
+    if not keep_accents and not text.isascii():  # ASCII has nothing to decompose
+        text = _NON_ASCII.sub(_drop_marks, unicodedata.normalize("NFKD", text))
     if lower_case:
         text = text.lower()
     return text

@@ -29,9 +29,7 @@ import hashlib
 import json
 import os
 import posixpath
-import re
 import time
-import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -225,29 +223,16 @@ def heldout_hash(key: str, location: str) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
-
-
-def _drop_marks(match: re.Match) -> str:
-    return "".join(c for c in match.group() if not unicodedata.category(c).startswith("M"))
-
-
 def preprocess_sentences(tokenizer: Tokenizer, sentences: list[str]) -> list[str]:
-    """[tokenizer.preprocess(s) for s in sentences], computed on the newline-joined text mostly at C speed: ASCII
-    text needs no NFKD or accent removal, and combining marks are looked for in non-ASCII runs only. Equal
-    because sentences hold no newline (split_sentences collapses whitespace) and every step stops at a newline
+    """[tokenizer.preprocess(s) for s in sentences] in one call on the newline-joined text. Equal because
+    sentences hold no newline (split_sentences collapses whitespace) and every step stops at a newline
     (NFKD reordering, the final-sigma rule of lower())."""
     if not sentences:
         return []
     text = "\n".join(sentences)
     if text.count("\n") != len(sentences) - 1:  # a sentence with a newline: the plain way
         return [tokenizer.preprocess(s) for s in sentences]
-    text = text.replace("``", '"').replace("''", '"')
-    if not tokenizer.keep_accents and not text.isascii():
-        text = _NON_ASCII.sub(_drop_marks, unicodedata.normalize("NFKD", text))
-    if tokenizer.lower_case:
-        text = text.lower()
-    return text.split("\n")
+    return tokenizer.preprocess(text).split("\n")
 
 
 @dataclass
