@@ -1,0 +1,345 @@
+"""The pretraining loop: the step function alone, then real runs on a local Ray (3 TorchTrainer.fit calls in all)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from albert_core.config import AlbertConfig, ConfigError
+from albert_core.model import AlbertForPreTraining
+from albert_core.optim import make_optimizer, make_scheduler
+from albert_core.shards import EXAMPLE_SCHEMA, example_id
+from services.run_config import RunConfig
+from services.train import (
+    STOP_ENV,
+    TokenIds,
+    accumulate_gradients,
+    make_micro_batch,
+    plan_data,
+    read_metrics,
+    resolve_token_ids,
+    run_pretraining,
+    train_step,
+)
+from services.train_state import latest_good, list_checkpoints, verify
+
+VOCAB = 96
+SEQ = 32
+MODEL = dict(  # albert-tiny shrunk: 2 layers, H=64, E=32
+    embedding_size=32,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=64,
+)
+FILE_ROWS = (16, 16, 16, 18)  # 2 workers: 32 and 34 rows; 8 rows per worker-step -> 4 steps per epoch
+
+
+def write_shards(root, file_rows=FILE_ROWS, *, seed: int = 0, manifest: dict | None = None):
+    """Real Parquet shards in the EXAMPLE_SCHEMA: [CLS] A [SEP] B [SEP] rows of random word pieces."""
+    rng = np.random.default_rng(seed)
+    train = root / "train"
+    train.mkdir(parents=True)
+    for shard, n_rows in enumerate(file_rows):
+        rows = {name: [] for name in EXAMPLE_SCHEMA.names}
+        for row in range(n_rows):
+            n_a, n_b = rng.integers(4, 13, size=2)
+            ids = [2, *rng.integers(5, VOCAB, n_a), 3, *rng.integers(5, VOCAB, n_b), 3]
+            starts = rng.random(len(ids)) < 0.7
+            starts[[0, 1, n_a + 1, n_a + 2, len(ids) - 1]] = True
+            rows["example_id"].append(example_id(shard, row))
+            rows["input_ids"].append(ids)
+            rows["token_type_ids"].append([0] * (n_a + 2) + [1] * (n_b + 1))
+            rows["word_starts"].append(starts.tolist())
+            rows["pair_label"].append(int(rng.integers(0, 2)))
+        pq.write_table(pa.table(rows, schema=EXAMPLE_SCHEMA), train / f"shard-{shard:05d}.parquet")
+    (root / "manifest.json").write_text(json.dumps(manifest if manifest is not None else {"vocab_size": VOCAB}))
+    return root
+
+
+def run_config(tmp_path, shards, name: str, **train) -> RunConfig:
+    return RunConfig.from_dict(
+        {
+            "run": {"name": name, "output_dir": str(tmp_path / "runs"), "seed": 7},
+            "model": {"preset": "albert-tiny", "overrides": {"vocab_size": 0, **MODEL}},
+            "data": {"shards": str(shards), "max_seq_length": SEQ},
+            "optim": {"lr": 0.01, "warmup_steps": 2, "total_steps": 8},
+            "train": {
+                "global_batch_size": 16,
+                "micro_batch_size": 4,
+                "num_workers": 2,
+                "log_every": 1,
+                "checkpoint_every": 3,
+                "keep_last": 2,
+                "dropout_removal_step": 6,
+                "max_failures": 0,
+                **train,
+            },
+        }
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# the step, in one process
+
+
+def read_rows(path) -> dict[str, np.ndarray]:
+    table = pq.read_table(path)
+    return {name: np.asarray(table[name].to_numpy(zero_copy_only=False)) for name in table.column_names}
+
+
+def slice_rows(rows, start, stop):
+    return {k: v[start:stop] for k, v in rows.items()}
+
+
+@pytest.fixture
+def rows(tmp_path):
+    write_shards(tmp_path, (8,))
+    return read_rows(tmp_path / "train" / "shard-00000.parquet")
+
+
+def fresh_model(dropout: float = 0.0) -> AlbertForPreTraining:
+    torch.manual_seed(0)
+    model = AlbertForPreTraining(AlbertConfig.preset("albert-tiny", vocab_size=VOCAB, **MODEL))
+    model.set_dropout(dropout)
+    return model
+
+
+def micro_batches(rows, size: int):
+    data = RunConfig().data
+    data.max_seq_length = SEQ
+    ids = TokenIds(vocab_size=VOCAB)
+    return [
+        make_micro_batch(slice_rows(rows, i, i + size), seed=3, epoch=0, ids=ids, data=data) for i in range(0, 8, size)
+    ]
+
+
+def test_accumulating_two_micro_batches_of_4_gives_the_gradients_of_one_batch_of_8(rows):
+    grads = {}
+    for size in (8, 4):
+        model = fresh_model(dropout=0.0)
+        accumulate_gradients(model, micro_batches(rows, size))
+        grads[size] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for name, grad in grads[8].items():
+        torch.testing.assert_close(grads[4][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert any(g.abs().sum() > 0 for g in grads[8].values())
+
+
+def test_step_statistics_do_not_depend_on_the_split(rows):
+    stats = {}
+    for size in (8, 2):
+        stats[size] = accumulate_gradients(fresh_model(dropout=0.0), micro_batches(rows, size))
+    for field in ("loss", "mlm_loss", "pair_loss", "mlm_acc", "pair_acc"):
+        torch.testing.assert_close(getattr(stats[2], field), getattr(stats[8], field), rtol=1e-5, atol=1e-6)
+    assert stats[2].tokens == stats[8].tokens == sum(len(r) for r in rows["input_ids"])
+
+
+def test_a_summing_reduce_over_two_identical_workers_doubles_the_global_batch(rows):
+    """reduce_sum stands in for the all-reduce: two workers holding the same 8 rows = one worker holding 16."""
+    model = fresh_model()
+    accumulate_gradients(model, micro_batches(rows, 8), reduce_sum=lambda t: t.mul_(2))
+    doubled = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model = fresh_model()
+    accumulate_gradients(model, micro_batches(rows, 8) * 2)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(doubled[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_train_step_gives_the_same_update_for_either_split_and_clips_the_global_norm(rows):
+    params = {}
+    for size in (8, 4):
+        model = fresh_model()
+        opt = make_optimizer(model, lr=0.01)
+        sched = make_scheduler(opt, warmup_steps=0, total_steps=10)
+        stats = train_step(model, opt, sched, micro_batches(rows, size), grad_clip=1e-3)
+        assert stats.grad_norm > 1e-3  # the clip was active
+        assert stats.lr == pytest.approx(0.01)
+        params[size] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for name, p in params[8].items():
+        torch.testing.assert_close(params[4][name], p, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_micro_batch_rejects_a_token_outside_the_vocabulary(rows):
+    rows["input_ids"][3] = np.array([2, 5, VOCAB + 1, 3, 3])
+    data = RunConfig().data
+    with pytest.raises(ValueError, match=r"example 3 \(shard 0, row 3\).*outside the vocabulary of 96"):
+        make_micro_batch(slice_rows(rows, 0, 4), seed=1, epoch=0, ids=TokenIds(vocab_size=VOCAB), data=data)
+
+
+def test_micro_batch_rejects_a_row_longer_than_max_seq_length(rows):
+    data = RunConfig().data
+    data.max_seq_length = 8
+    with pytest.raises(ValueError, match="more than data.max_seq_length=8"):
+        make_micro_batch(slice_rows(rows, 0, 4), seed=1, epoch=0, ids=TokenIds(vocab_size=VOCAB), data=data)
+
+
+# --------------------------------------------------------------------------------------------------
+# the driver's checks (fail before any worker starts)
+
+
+def test_vocab_size_comes_from_the_manifest(tmp_path):
+    shards = write_shards(tmp_path / "s", (4,))
+    assert resolve_token_ids(shards, run_config(tmp_path, shards, "v")).vocab_size == VOCAB
+
+
+def test_no_vocab_source_is_an_error_naming_data_shards(tmp_path):
+    shards = write_shards(tmp_path / "s", (4,), manifest={})
+    with pytest.raises(ConfigError, match="data.shards: cannot tell the vocabulary size"):
+        resolve_token_ids(shards, run_config(tmp_path, shards, "v"))
+
+
+def test_each_worker_gets_every_other_file_and_the_epoch_fits_the_smallest_slice(tmp_path):
+    shards = write_shards(tmp_path / "s", (12, 12, 12, 30))
+    plan = plan_data(shards, run_config(tmp_path, shards, "p"))
+    names = [[f.rsplit("/", 1)[1] for f in files] for files in plan.files_per_worker]
+    assert names == [["shard-00000.parquet", "shard-00002.parquet"], ["shard-00001.parquet", "shard-00003.parquet"]]
+    assert plan.rows_per_worker == (24, 42)
+    assert plan.steps_per_epoch == 3  # 24 rows // (4 x 2)
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        ("missing", "does not exist"),
+        ("no_train", "has no train/ directory"),
+        ("empty", "holds no .parquet files"),
+        ("one_file", "train.num_workers: 2 workers but .* has 1 shard files"),
+        ("too_small", "fewer than one step needs"),
+        ("bad_column", "shard-00001.parquet: lacks column 'token_type_ids'"),
+    ],
+)
+def test_bad_shards_fail_before_any_worker_starts(tmp_path, layout, message):
+    shards = tmp_path / "s"
+    if layout == "no_train":
+        shards.mkdir()
+    elif layout == "empty":
+        (shards / "train").mkdir(parents=True)
+    elif layout == "one_file":
+        write_shards(shards, (40,))
+    elif layout == "too_small":
+        write_shards(shards, (3, 3))
+    elif layout == "bad_column":
+        write_shards(shards, (12, 12))
+        pq.write_table(pa.table({"example_id": [1], "input_ids": [[2, 3]]}), shards / "train" / "shard-00001.parquet")
+    with pytest.raises(ConfigError, match=message):
+        run_pretraining(run_config(tmp_path, shards, "bad"))
+
+
+def test_xla_backend_is_refused_by_name(tmp_path):
+    shards = write_shards(tmp_path / "s")
+    with pytest.raises(NotImplementedError, match="train.backend = 'xla'"):
+        run_pretraining(run_config(tmp_path, shards, "x", backend="xla"))
+
+
+def test_empty_data_shards_is_an_error_naming_the_field(tmp_path):
+    config = run_config(tmp_path, "", "e")
+    config.data.shards = ""
+    with pytest.raises(ConfigError, match="data.shards: empty"):
+        run_pretraining(config)
+
+
+# --------------------------------------------------------------------------------------------------
+# real runs: 2 workers on a local Ray
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ray_local, shards, tmp_path_factory):
+    config = run_config(tmp_path_factory.mktemp("a"), shards, "straight")
+    result = run_pretraining(config, resume=False)
+    return config, result
+
+
+@pytest.fixture(scope="module")
+def crashed_then_resumed(ray_local, shards, tmp_path_factory):
+    """Stopped after step 5 (checkpoint at 3: steps 4-5 are lost), then resumed mid-epoch from step 3.
+
+    The resumed run skips the 6 micro-batches epoch 0 had consumed, crosses into epoch 1 at step 5 and removes
+    dropout at step 6, so every part of the data position and the dropout state is exercised.
+    """
+    config = run_config(tmp_path_factory.mktemp("b"), shards, "crashy")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(STOP_ENV, "5")
+        with pytest.raises(Exception, match=STOP_ENV):
+            run_pretraining(config, resume=False)
+    before = read_metrics(config.run_dir / "metrics.jsonl")
+    latest_before = latest_good(config.run_dir / "checkpoints")
+    result = run_pretraining(config, resume=True)
+    return config, result, before, latest_before
+
+
+def losses(records):
+    return [(r["step"], r["loss"], r["mlm_loss"], r["pair_loss"], r["grad_norm"], r["lr"]) for r in records]
+
+
+def test_two_worker_run_completes_and_keeps_the_last_checkpoints(uninterrupted):
+    config, result = uninterrupted
+    assert result.step == 8
+    kept = list_checkpoints(config.run_dir / "checkpoints")
+    assert [step for step, _ in kept] == [8, 6]  # keep_last = 2
+    for _, path in kept:
+        verify(path)
+    assert result.checkpoint == kept[0][1]
+    assert result.metrics["step"] == 8
+
+
+def test_metrics_have_one_line_per_step_with_every_field(uninterrupted):
+    config, result = uninterrupted
+    records = read_metrics(result.metrics_file)
+    assert [r["step"] for r in records] == list(range(1, 9))
+    assert [r["epoch"] for r in records] == [0] * 4 + [1] * 4
+    expected = {"loss", "mlm_loss", "pair_loss", "mlm_acc", "pair_acc", "lr", "grad_norm", "tokens_per_s", "dropout"}
+    for record in records:
+        assert expected <= set(record)
+        assert record["tokens_per_s"] > 0 and np.isfinite(record["loss"])
+    assert records[0]["lr"] == 0.0 and records[2]["lr"] == pytest.approx(0.01)  # warmup of 2 steps
+
+
+def test_dropout_is_on_before_the_removal_step_and_off_from_it(uninterrupted):
+    _, result = uninterrupted
+    dropout = {r["step"]: r["dropout"] for r in read_metrics(result.metrics_file)}
+    assert [dropout[s] for s in range(1, 6)] == [0.1] * 5
+    assert [dropout[s] for s in range(6, 9)] == [0.0] * 3
+
+
+def test_the_crash_left_steps_1_to_5_and_a_checkpoint_at_3(crashed_then_resumed):
+    _, _, before, latest_before = crashed_then_resumed
+    assert [r["step"] for r in before] == [1, 2, 3, 4, 5]
+    assert latest_before.name == "step_00000003"
+
+
+def test_killed_and_resumed_run_reproduces_every_step_loss_exactly(uninterrupted, crashed_then_resumed):
+    _, straight = uninterrupted
+    config, resumed, _, _ = crashed_then_resumed
+    assert losses(read_metrics(resumed.metrics_file)) == losses(read_metrics(straight.metrics_file))
+
+
+def test_resumed_run_writes_no_duplicated_steps(crashed_then_resumed):
+    _, resumed, _, _ = crashed_then_resumed
+    assert [r["step"] for r in read_metrics(resumed.metrics_file)] == list(range(1, 9))
+
+
+def test_resumed_run_ends_with_the_same_weights(uninterrupted, crashed_then_resumed):
+    _, straight = uninterrupted
+    _, resumed, _, _ = crashed_then_resumed
+    a = load_file(straight.checkpoint / "model.safetensors")
+    b = load_file(resumed.checkpoint / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_false_refuses_a_run_directory_with_checkpoints(uninterrupted):
+    config, _ = uninterrupted
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        run_pretraining(config, resume=False)
