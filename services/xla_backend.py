@@ -1,0 +1,306 @@
+"""The XLA backend of the train loop: device setup, static-shape batches, one train step, checkpoints via CPU.
+
+XLA traces each step into a graph and compiles it once per distinct graph, so everything a step sees must keep
+its shape and structure from step to step:
+
+- batches are padded to a few fixed sequence lengths (buckets) and a fixed number of rows (`static_batch`);
+- the MLM loss decodes a fixed number of positions per row (`mlm_positions`, padded, targets -100) instead of the
+  model's boolean selection, whose size depends on the data (`static_pretraining_loss`);
+- nothing in a step reads a value back to the host: the loss is returned as a device tensor;
+- `torch_xla.sync()` ends each step, so one step is one graph.
+
+With these, a run compiles one training graph per bucket, plus one for its very first step (the optimizer
+state is created inside it). A learning rate of exactly 0 or 1 is baked into the graph as a constant (other
+values are graph inputs), so a schedule that ends at 0 adds one graph per bucket for its last steps.
+`compile_count` counts them. The train loop (services/train.py) calls, per worker:
+
+    worker = setup_xla_worker()                     # PJRT runtime from PJRT_DEVICE, device, rank/world
+    model.to(worker.device); optimizer = make_optimizer(model, ...)   # optimizer after the move
+    for batch in device_loader(static_batches(batches, buckets=..., batch_size=...), worker.device):
+        losses = xla_train_step(model, optimizer, batch, scheduler=scheduler, precision=...)
+    save_xla_model(directory, model)                # on every worker; rank 0 writes
+
+Requires torch-xla 2.9 with torch 2.9 (scripts/xla_venv.sh builds that virtualenv).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+try:
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.parallel_loader as pl
+    import torch_xla.runtime as xr
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "services.xla_backend needs torch-xla 2.9 (which needs torch 2.9.0 exactly); "
+        "build its virtualenv with scripts/xla_venv.sh and run from there"
+    ) from err
+
+from albert_core.checkpoint import save_model
+from albert_core.masking import IGNORE_INDEX
+from albert_core.model import AlbertForPreTraining
+
+PJRT_DEVICES = ("TPU", "CPU", "CUDA")
+PRECISIONS = ("fp32", "bf16")
+
+
+# --- device setup --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class XlaWorker:
+    device: torch.device
+    runtime: str  # the PJRT device type in use: TPU, CPU or CUDA
+    rank: int  # global ordinal of this process's device
+    world_size: int  # data-parallel replicas (processes x local devices)
+
+
+def setup_xla_worker(pjrt_device: str | None = None, *, compile_cache_dir: str | Path | None = None) -> XlaWorker:
+    """Select the PJRT runtime (argument, else $PJRT_DEVICE, else CPU) and return this process's XLA device.
+
+    compile_cache_dir: write compiled graphs there and reuse them in later processes, so a restarted run skips
+    its compiles (on TPU a large model's compile takes minutes). The PJRT CPU runtime writes entries but cannot
+    read them back (it compiles again). Call this before anything else touches torch_xla: the runtime and the
+    cache are chosen once per process.
+    """
+    wanted = (pjrt_device or os.environ.get("PJRT_DEVICE") or "CPU").upper()
+    if wanted not in PJRT_DEVICES:
+        raise ValueError(f"PJRT_DEVICE: expected one of {', '.join(PJRT_DEVICES)}, got {wanted!r}")
+    os.environ["PJRT_DEVICE"] = wanted
+    if compile_cache_dir is not None:
+        Path(compile_cache_dir).mkdir(parents=True, exist_ok=True)
+        xr.initialize_cache(str(compile_cache_dir), readonly=False)
+    device = torch_xla.device()
+    runtime = xr.device_type()
+    if runtime != wanted:
+        raise RuntimeError(
+            f"PJRT_DEVICE: asked for {wanted} but this process's XLA runtime is already {runtime}; "
+            "set PJRT_DEVICE before the first use of torch_xla"
+        )
+    return XlaWorker(device=device, runtime=runtime, rank=xr.global_ordinal(), world_size=xr.world_size())
+
+
+def compile_count() -> int:
+    """XLA graphs compiled so far in this process (torch_xla.debug.metrics "CompileTime" samples).
+
+    A graph found in the persistent cache (compile_cache_dir) is not compiled and not counted.
+    """
+    data = met.metric_data("CompileTime")
+    return 0 if data is None else int(data[0])
+
+
+def fallback_ops() -> list[str]:
+    """Aten ops that ran on the host instead of XLA so far (each is a device->host round trip per step)."""
+    return sorted(met.executed_fallback_ops())
+
+
+# --- static-shape batches ------------------------------------------------------------------------------
+
+
+def max_predictions_for(seq_len: int, mask_prob: float = 0.15) -> int:
+    """Predicted positions per row at this length: albert_core.masking's budget for a row of seq_len real tokens."""
+    return max(1, int(np.floor(seq_len * mask_prob + 0.5)))
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `length` tokens."""
+    for bucket in sorted(buckets):
+        if length <= bucket:
+            return bucket
+    raise ValueError(f"static_batch: a row has {length} tokens, more than the largest bucket ({max(buckets)})")
+
+
+def static_batch(
+    batch: Mapping[str, np.ndarray | Tensor],
+    *,
+    buckets: Sequence[int],
+    batch_size: int | None = None,
+    mask_prob: float = 0.15,
+    max_predictions: int | None = None,
+) -> dict[str, Tensor]:
+    """An `albert_core.batch.mlm_batch` batch reshaped for XLA: CPU int64 tensors of a few fixed shapes.
+
+    Width: the smallest bucket holding the longest real row. Rows: padded to `batch_size` with rows that attend
+    to one pad token and predict nothing (they add 0 to the loss and its gradient). MLM: `mlm_labels` (B, T)
+    becomes `mlm_positions` and `mlm_targets` (B, K), the predicted positions in order, padded with position 0
+    and target -100; K = `max_predictions` or the masking budget of a full bucket.
+    """
+    for name in ("input_ids", "attention_mask", "token_type_ids", "mlm_labels", "pair_labels"):
+        if name not in batch:
+            raise ValueError(f"static_batch: batch lacks {name!r} (has {', '.join(sorted(batch))})")
+    arrays = {k: np.asarray(v, dtype=np.int64) for k, v in batch.items()}
+    attention = arrays["attention_mask"]
+    rows, width = attention.shape
+    real = attention.sum(axis=1)
+    used_columns = np.flatnonzero(attention.any(axis=0))
+    longest = int(used_columns[-1]) + 1 if used_columns.size else 1
+    T = bucket_for(longest, buckets)
+    B = rows if batch_size is None else batch_size
+    if rows > B:
+        raise ValueError(f"static_batch: {rows} rows, more than batch_size={B}")
+    K = max_predictions if max_predictions is not None else max_predictions_for(T, mask_prob)
+    if K < 1:
+        raise ValueError(f"static_batch: max_predictions must be >= 1, got {K}")
+
+    def padded(name: str, fill: int) -> np.ndarray:
+        out = np.full((B, T), fill, dtype=np.int64)
+        cut = min(width, T)
+        out[:rows, :cut] = arrays[name][:, :cut]
+        return out
+
+    labels = padded("mlm_labels", IGNORE_INDEX)
+    attention_mask = padded("attention_mask", 0)
+    attention_mask[rows:, 0] = 1  # padding rows see one (pad) token: an all-masked row would softmax to NaN
+    positions = np.zeros((B, K), dtype=np.int64)
+    targets = np.full((B, K), IGNORE_INDEX, dtype=np.int64)
+    for r in range(rows):
+        where = np.flatnonzero(labels[r] != IGNORE_INDEX)
+        if where.size > K:
+            raise ValueError(
+                f"static_batch: row {r} ({int(real[r])} tokens) has {where.size} predicted positions, more than "
+                f"max_predictions={K} for bucket {T}; pass a larger max_predictions"
+            )
+        positions[r, : where.size] = where
+        targets[r, : where.size] = labels[r, where]
+    pair_labels = np.full((B,), IGNORE_INDEX, dtype=np.int64)
+    pair_labels[:rows] = arrays["pair_labels"].reshape(rows)
+    out = {
+        "input_ids": padded("input_ids", 0),
+        "attention_mask": attention_mask,
+        "token_type_ids": padded("token_type_ids", 0),
+        "mlm_positions": positions,
+        "mlm_targets": targets,
+        "pair_labels": pair_labels,
+    }
+    return {k: torch.from_numpy(v) for k, v in out.items()}
+
+
+def static_batches(
+    batches: Iterable[Mapping[str, np.ndarray | Tensor]],
+    *,
+    buckets: Sequence[int],
+    batch_size: int | None = None,
+    mask_prob: float = 0.15,
+    max_predictions: int | None = None,
+) -> Iterator[dict[str, Tensor]]:
+    """`static_batch` over an iterator of batches (lazily, so it can feed a device loader)."""
+    for batch in batches:
+        yield static_batch(
+            batch, buckets=buckets, batch_size=batch_size, mask_prob=mask_prob, max_predictions=max_predictions
+        )
+
+
+def device_loader(batches: Iterable[dict[str, Tensor]], device: torch.device) -> pl.MpDeviceLoader:
+    """Batches of CPU tensors moved to the XLA device by a background thread, overlapping the step."""
+    return pl.MpDeviceLoader(batches, device)
+
+
+# --- the step ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepLosses:
+    loss: Tensor  # 0-d device tensors; read them (.item()) only when logging
+    mlm_loss: Tensor
+    pair_loss: Tensor
+
+
+def static_pretraining_loss(model: AlbertForPreTraining, batch: Mapping[str, Tensor]) -> StepLosses:
+    """MLM + pair loss from a `static_batch`: the same value as the model's forward with mlm_labels.
+
+    The forward decodes a data-dependent number of positions; here each row decodes exactly K gathered
+    positions and padding targets (-100) are left out of the mean. A loss with no targets is 0 (not NaN), as the
+    model's forward leaves the pair loss out when every pair label is -100.
+    """
+    out = model.albert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    hidden = out.last_hidden_state
+    positions = batch["mlm_positions"]
+    gathered = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (B, K, H)
+    mlm_logits = model.mlm_head(gathered, model.albert.embeddings.word_embeddings.weight)
+    mlm_loss = _mean_cross_entropy(mlm_logits.flatten(0, 1), batch["mlm_targets"].flatten())
+    pair_logits = model.pair_head(model.classifier_dropout(out.pooled_output))
+    pair_loss = _mean_cross_entropy(pair_logits, batch["pair_labels"])
+    return StepLosses(mlm_loss + pair_loss, mlm_loss, pair_loss)
+
+
+def _mean_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    total = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on the device for precision "bf16"; nothing for "fp32"."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"train.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def xla_train_step(
+    model: AlbertForPreTraining,
+    optimizer: torch.optim.Optimizer,
+    batch: Mapping[str, Tensor],
+    *,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    max_grad_norm: float | None = 1.0,
+    precision: str = "fp32",
+) -> StepLosses:
+    """One optimizer step on a `static_batch` already on the device; ends with torch_xla.sync().
+
+    Gradients are averaged over the data-parallel replicas (a no-op on one) before the global-norm clip, so every
+    replica clips and steps with the same gradient.
+    """
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    device = batch["input_ids"].device
+    with autocast(precision, device):
+        losses = static_pretraining_loss(model, batch)
+    losses.loss.backward()
+    xm.reduce_gradients(optimizer)
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    torch_xla.sync()
+    return StepLosses(losses.loss.detach(), losses.mlm_loss.detach(), losses.pair_loss.detach())
+
+
+# --- checkpoints through the CPU -----------------------------------------------------------------------
+
+
+def to_cpu(tree):
+    """Tensors in nested dicts/lists/tuples copied to the CPU (device state made host-readable)."""
+    if isinstance(tree, Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, Mapping):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(v) for v in tree)
+    return tree
+
+
+def save_xla_model(directory: str | Path, model: nn.Module, *, rank: int | None = None) -> Path | None:
+    """Write the model as `albert_core.checkpoint.save_model` does (safetensors + config.json) from its CPU copy.
+
+    Call on every worker: pending device work is synced on all of them and only rank 0 writes (replicas hold
+    the same weights). Returns the directory on the writer, None elsewhere.
+    """
+    torch_xla.sync()
+    rank = xr.global_ordinal() if rank is None else rank
+    if rank != 0:
+        return None
+    return save_model(directory, model)  # copies each tensor to the CPU before writing
