@@ -142,7 +142,8 @@ def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
     1. `model.overrides.vocab_size`, if set (non-zero). The special ids are ALBERT's layout: <pad>=0, <unk>=1,
        [CLS]=2, [SEP]=3, [MASK]=4.
     2. The tokenizer the shards were made with: `spiece.model` in the shards directory, in `<shards>/tokenizer/`,
-       or at the path the manifest names (`"tokenizer"`: a path, or an object with `"path"`).
+       or at the path the manifest names (`"tokenizer"`: a path, or an object with `"path"`, as services/preprocess
+       writes; a relative path is tried as given, then under the shards directory).
     3. `vocab_size` in manifest.json (at the top level or under `"tokenizer"`), again with ALBERT's layout.
     """
     override = config.model.overrides.get("vocab_size") or 0
@@ -155,9 +156,7 @@ def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
         candidates.append(Path(tokenizer_entry))
     elif isinstance(tokenizer_entry, dict) and isinstance(tokenizer_entry.get("path"), str):
         candidates.append(Path(tokenizer_entry["path"]))
-    for path in candidates:
-        if not path.is_absolute():
-            path = shards_dir / path
+    for path in [c if c.is_absolute() or c.exists() else shards_dir / c for c in candidates]:
         if path.is_dir():
             path = path / MODEL_FILE
         if path.is_file():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +16,7 @@ from albert_core.config import AlbertConfig, ConfigError
 from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.shards import EXAMPLE_SCHEMA, example_id
+from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.run_config import RunConfig
 from services.train import (
     STOP_ENV,
@@ -166,6 +168,14 @@ def test_train_step_gives_the_same_update_for_either_split_and_clips_the_global_
         torch.testing.assert_close(params[4][name], p, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_bf16_autocast_step_stays_close_to_fp32(rows):
+    fp32 = accumulate_gradients(fresh_model(), micro_batches(rows, 4))
+    bf16 = accumulate_gradients(fresh_model(), micro_batches(rows, 4), autocast_dtype=torch.bfloat16)
+    assert torch.isfinite(bf16.loss)
+    assert bf16.loss.item() != fp32.loss.item()  # autocast really ran in bf16
+    assert bf16.loss.item() == pytest.approx(fp32.loss.item(), rel=2e-2)
+
+
 def test_micro_batch_rejects_a_token_outside_the_vocabulary(rows):
     rows["input_ids"][3] = np.array([2, 5, VOCAB + 1, 3, 3])
     data = RunConfig().data
@@ -187,6 +197,17 @@ def test_micro_batch_rejects_a_row_longer_than_max_seq_length(rows):
 def test_vocab_size_comes_from_the_manifest(tmp_path):
     shards = write_shards(tmp_path / "s", (4,))
     assert resolve_token_ids(shards, run_config(tmp_path, shards, "v")).vocab_size == VOCAB
+
+
+def test_token_ids_come_from_the_tokenizer_the_manifest_names(tmp_path):
+    corpus = (Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt").read_text().splitlines()
+    model = train_tokenizer(corpus, tmp_path / "tok", TokenizerTrainConfig(vocab_size=200))
+    manifest = {"tokenizer": {"path": str(model), "vocab_size": 999}}
+    shards = write_shards(tmp_path / "s", (4,), manifest=manifest)
+    ids = resolve_token_ids(shards, run_config(tmp_path, shards, "v"))
+    tokenizer = Tokenizer.load(model)
+    assert ids == TokenIds.from_tokenizer(tokenizer)
+    assert ids.vocab_size == 200 and ids.mask_id == tokenizer.mask_id
 
 
 def test_no_vocab_source_is_an_error_naming_data_shards(tmp_path):

@@ -111,6 +111,7 @@ def test_checkpoint_holds_loop_state_and_manifest_of_every_file(tmp_path):
     assert sorted(manifest["files"]) == sorted(["config.json", "model.safetensors", OPTIMIZER_FILE, TRAINER_FILE])
     assert trainer["state"]["batches_in_epoch"] == 7 and trainer["state"]["epoch"] == 2
     assert set(trainer["rng"]) >= {"torch", "numpy", "python"}
+    assert trainer["step"] == 5  # top-level copy for readers that want only the step
     assert not list(tmp_path.glob(".*")), "no temporary directory is left behind"
 
 
