@@ -26,6 +26,7 @@ Requires torch-xla 2.9 with torch 2.9 (scripts/xla_venv.sh builds that virtualen
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -129,13 +130,15 @@ def static_batch(
     batch_size: int | None = None,
     mask_prob: float = 0.15,
     max_predictions: int | None = None,
+    pad_id: int = 0,
 ) -> dict[str, Tensor]:
     """An `albert_core.batch.mlm_batch` batch reshaped for XLA: CPU int64 tensors of a few fixed shapes.
 
     Width: the smallest bucket holding the longest real row. Rows: padded to `batch_size` with rows that attend
     to one pad token and predict nothing (they add 0 to the loss and its gradient). MLM: `mlm_labels` (B, T)
     becomes `mlm_positions` and `mlm_targets` (B, K), the predicted positions in order, padded with position 0
-    and target -100; K = `max_predictions` or the masking budget of a full bucket.
+    and target -100; K = `max_predictions` or the masking budget of a full bucket. `num_tokens` (0-d) counts the
+    real tokens, for throughput.
     """
     for name in ("input_ids", "attention_mask", "token_type_ids", "mlm_labels", "pair_labels"):
         if name not in batch:
@@ -177,12 +180,13 @@ def static_batch(
     pair_labels = np.full((B,), IGNORE_INDEX, dtype=np.int64)
     pair_labels[:rows] = arrays["pair_labels"].reshape(rows)
     out = {
-        "input_ids": padded("input_ids", 0),
+        "input_ids": padded("input_ids", pad_id),
         "attention_mask": attention_mask,
         "token_type_ids": padded("token_type_ids", 0),
         "mlm_positions": positions,
         "mlm_targets": targets,
         "pair_labels": pair_labels,
+        "num_tokens": np.asarray(real.sum(), dtype=np.int64),
     }
     return {k: torch.from_numpy(v) for k, v in out.items()}
 
@@ -194,11 +198,17 @@ def static_batches(
     batch_size: int | None = None,
     mask_prob: float = 0.15,
     max_predictions: int | None = None,
+    pad_id: int = 0,
 ) -> Iterator[dict[str, Tensor]]:
     """`static_batch` over an iterator of batches (lazily, so it can feed a device loader)."""
     for batch in batches:
         yield static_batch(
-            batch, buckets=buckets, batch_size=batch_size, mask_prob=mask_prob, max_predictions=max_predictions
+            batch,
+            buckets=buckets,
+            batch_size=batch_size,
+            mask_prob=mask_prob,
+            max_predictions=max_predictions,
+            pad_id=pad_id,
         )
 
 
@@ -211,33 +221,51 @@ def device_loader(batches: Iterable[dict[str, Tensor]], device: torch.device) ->
 
 
 @dataclass
-class StepLosses:
-    loss: Tensor  # 0-d device tensors; read them (.item()) only when logging
-    mlm_loss: Tensor
-    pair_loss: Tensor
+class StaticLosses:
+    """Sums over one static batch (0-d tensors): divide by global counts to get means."""
+
+    mlm_sum: Tensor  # cross-entropy summed over the predicted positions
+    pair_sum: Tensor
+    mlm_correct: Tensor
+    pair_correct: Tensor
+    mlm_count: Tensor  # predicted positions (targets != -100)
+    pair_count: Tensor
+
+    @property
+    def mlm_loss(self) -> Tensor:
+        return self.mlm_sum / self.mlm_count.clamp(min=1)
+
+    @property
+    def pair_loss(self) -> Tensor:
+        return self.pair_sum / self.pair_count.clamp(min=1)
+
+    @property
+    def loss(self) -> Tensor:
+        """MLM mean + pair mean; a part with no targets adds 0, as the model's forward leaves it out."""
+        return self.mlm_loss + self.pair_loss
 
 
-def static_pretraining_loss(model: AlbertForPreTraining, batch: Mapping[str, Tensor]) -> StepLosses:
-    """MLM + pair loss from a `static_batch`: the same value as the model's forward with mlm_labels.
+def static_pretraining_loss(model: AlbertForPreTraining, batch: Mapping[str, Tensor]) -> StaticLosses:
+    """MLM + pair losses from a `static_batch`, equal to the model's forward with mlm_labels.
 
     The forward decodes a data-dependent number of positions; here each row decodes exactly K gathered
-    positions and padding targets (-100) are left out of the mean. A loss with no targets is 0 (not NaN), as the
-    model's forward leaves the pair loss out when every pair label is -100.
+    positions and padding targets (-100) are left out.
     """
     out = model.albert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     hidden = out.last_hidden_state
     positions = batch["mlm_positions"]
     gathered = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (B, K, H)
-    mlm_logits = model.mlm_head(gathered, model.albert.embeddings.word_embeddings.weight)
-    mlm_loss = _mean_cross_entropy(mlm_logits.flatten(0, 1), batch["mlm_targets"].flatten())
+    mlm_logits = model.mlm_head(gathered, model.albert.embeddings.word_embeddings.weight).flatten(0, 1)
     pair_logits = model.pair_head(model.classifier_dropout(out.pooled_output))
-    pair_loss = _mean_cross_entropy(pair_logits, batch["pair_labels"])
-    return StepLosses(mlm_loss + pair_loss, mlm_loss, pair_loss)
-
-
-def _mean_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    total = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
-    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+    mlm_targets, pair_targets = batch["mlm_targets"].flatten(), batch["pair_labels"]
+    return StaticLosses(
+        mlm_sum=F.cross_entropy(mlm_logits.float(), mlm_targets, ignore_index=IGNORE_INDEX, reduction="sum"),
+        pair_sum=F.cross_entropy(pair_logits.float(), pair_targets, ignore_index=IGNORE_INDEX, reduction="sum"),
+        mlm_correct=(mlm_logits.argmax(-1) == mlm_targets).sum(),  # argmax is never -100: padding never counts
+        pair_correct=(pair_logits.argmax(-1) == pair_targets).sum(),
+        mlm_count=(mlm_targets != IGNORE_INDEX).sum(),
+        pair_count=(pair_targets != IGNORE_INDEX).sum(),
+    )
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -249,34 +277,83 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+@dataclass
+class XlaStepStats:
+    """One step's numbers, as 0-d device tensors averaged over the global batch: .item() them only to log."""
+
+    loss: Tensor
+    mlm_loss: Tensor
+    pair_loss: Tensor
+    mlm_acc: Tensor
+    pair_acc: Tensor
+    grad_norm: Tensor  # before clipping
+    tokens: Tensor  # real (non-pad) tokens in the global batch
+
+
 def xla_train_step(
     model: AlbertForPreTraining,
     optimizer: torch.optim.Optimizer,
-    batch: Mapping[str, Tensor],
+    micro_batches: Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]],
     *,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-    max_grad_norm: float | None = 1.0,
+    max_grad_norm: float = 1.0,
     precision: str = "fp32",
-) -> StepLosses:
-    """One optimizer step on a `static_batch` already on the device; ends with torch_xla.sync().
+    seed: int | None = None,
+) -> XlaStepStats:
+    """One optimizer update from `static_batch`es already on the device (one, or several to accumulate).
 
-    Gradients are averaged over the data-parallel replicas (a no-op on one) before the global-norm clip, so every
-    replica clips and steps with the same gradient.
+    As services/train.py's CPU/GPU step: the MLM loss is averaged over every predicted position of the global
+    batch (all micro-batches on all replicas) and the pair loss over every labelled row, so the update does not
+    depend on how the batch is split; gradients are summed over replicas, the global norm is clipped at
+    max_grad_norm (<= 0: not clipped), then the optimizer and scheduler step. seed reseeds the device RNG
+    (dropout) for this step. The whole step is one graph, ended by torch_xla.sync(); nothing is read back.
     """
+    if isinstance(micro_batches, Mapping):
+        micro_batches = [micro_batches]
+    if not micro_batches:
+        raise ValueError("xla_train_step: no micro-batches")
+    device = micro_batches[0]["input_ids"].device
+    replicas = xr.world_size()
+    if seed is not None:
+        xm.set_rng_state(seed, device=device)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    device = batch["input_ids"].device
-    with autocast(precision, device):
-        losses = static_pretraining_loss(model, batch)
-    losses.loss.backward()
-    xm.reduce_gradients(optimizer)
-    if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+
+    counts = torch.stack(
+        [
+            torch.stack([(mb["mlm_targets"] != IGNORE_INDEX).sum(), (mb["pair_labels"] != IGNORE_INDEX).sum()])
+            for mb in micro_batches
+        ]
+    ).sum(0)
+    tokens = torch.stack([mb["num_tokens"] for mb in micro_batches]).sum()
+    if replicas > 1:
+        counts, tokens = xm.all_reduce(xm.REDUCE_SUM, [counts, tokens])
+    n_mlm, n_pair = counts.clamp(min=1).unbind()
+    sums = []
+    for mb in micro_batches:
+        with autocast(precision, device):
+            part = static_pretraining_loss(model, mb)
+        (part.mlm_sum / n_mlm + part.pair_sum / n_pair).backward()
+        sums.append(torch.stack([part.mlm_sum, part.pair_sum, part.mlm_correct.float(), part.pair_correct.float()]))
+    sums = torch.stack(sums).sum(0).detach()
+    if replicas > 1:
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        xm.all_reduce(xm.REDUCE_SUM, grads + [sums])  # in place: each replica's loss is already globally scaled
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
+    stats = XlaStepStats(  # computed before the sync, so they are outputs of the step's graph
+        loss=(sums[0] / n_mlm + sums[1] / n_pair),
+        mlm_loss=sums[0] / n_mlm,
+        pair_loss=sums[1] / n_pair,
+        mlm_acc=sums[2] / n_mlm,
+        pair_acc=sums[3] / n_pair,
+        grad_norm=grad_norm.detach(),
+        tokens=tokens,
+    )
     torch_xla.sync()
-    return StepLosses(losses.loss.detach(), losses.mlm_loss.detach(), losses.pair_loss.detach())
+    return stats
 
 
 # --- checkpoints through the CPU -----------------------------------------------------------------------

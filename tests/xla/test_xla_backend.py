@@ -43,17 +43,22 @@ def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def eager_step(model, optimizer, scheduler, batch: dict[str, np.ndarray]) -> float:
-    """The reference: the model's own forward (masked positions only) and the same update, in eager CPU torch."""
+def eager_step(model, optimizer, scheduler, batch: dict[str, np.ndarray]) -> tuple[float, float, float]:
+    """The reference: the model's own forward (masked positions only) and the same update, in eager CPU torch.
+
+    Returns loss, gradient norm before clipping, MLM accuracy.
+    """
     model.train()
     optimizer.zero_grad(set_to_none=True)
     tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
     out = model(**tensors)
     out.loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     scheduler.step()
-    return out.loss.item()
+    labels = tensors["mlm_labels"][tensors["mlm_labels"] != IGNORE_INDEX]
+    mlm_acc = (out.mlm_logits.argmax(-1) == labels).float().mean()
+    return out.loss.item(), grad_norm.item(), mlm_acc.item()
 
 
 def lamb(model):
@@ -93,14 +98,18 @@ def test_static_batch_rejects_more_predictions_than_max_predictions():
         static_batch(pair_batch([60], seed=3), buckets=BUCKETS, max_predictions=2)
 
 
-def test_padding_rows_leave_the_loss_unchanged():
+def test_padding_rows_leave_the_loss_and_the_token_count_unchanged():
     torch.manual_seed(0)
     model = AlbertForPreTraining(tiny_config())
     raw = pair_batch([25, 40, 31], seed=4)
-    exact = static_pretraining_loss(model, static_batch(raw, buckets=BUCKETS))
-    padded = static_pretraining_loss(model, static_batch(raw, buckets=BUCKETS, batch_size=8))
+    exact_batch = static_batch(raw, buckets=BUCKETS)
+    padded_batch = static_batch(raw, buckets=BUCKETS, batch_size=8)
+    exact = static_pretraining_loss(model, exact_batch)
+    padded = static_pretraining_loss(model, padded_batch)
+    assert padded_batch["input_ids"].shape == (8, 64)
     assert torch.isfinite(padded.loss)
     torch.testing.assert_close(padded.loss, exact.loss, atol=1e-6, rtol=1e-6)
+    assert int(padded_batch["num_tokens"]) == int(exact_batch["num_tokens"]) == 25 + 40 + 31
 
 
 def test_static_loss_equals_the_model_forward_loss_on_cpu():
@@ -140,10 +149,15 @@ def test_lamb_steps_on_xla_match_eager_cpu(worker):
         raw = pair_batch(rows, seed=100 + step, first_id=10 * step)
         eager.append(eager_step(cpu_model, cpu_opt, cpu_sched, raw))
         batch = to_device(static_batch(raw, buckets=BUCKETS), worker.device)
-        xla.append(xla_train_step(xla_model, xla_opt, batch, scheduler=xla_sched).loss.item())
-    diffs = np.abs(np.array(eager) - np.array(xla))
-    print(f"\neager {np.round(eager, 6).tolist()}\nxla   {np.round(xla, 6).tolist()}\nmax |diff| {diffs.max():.2e}")
-    assert diffs.max() <= LOSS_TOLERANCE
+        stats = xla_train_step(xla_model, xla_opt, batch, scheduler=xla_sched)
+        xla.append((stats.loss.item(), stats.grad_norm.item(), stats.mlm_acc.item()))
+    eager, xla = np.array(eager), np.array(xla)
+    diffs = np.abs(eager - xla).max(axis=0)
+    print(f"\neager loss {eager[:, 0].round(6).tolist()}\nxla   loss {xla[:, 0].round(6).tolist()}")
+    print(f"max |diff|: loss {diffs[0]:.2e}, grad norm {diffs[1]:.2e} (~{eager[:, 1].mean():.2f}), mlm acc {diffs[2]}")
+    assert diffs[0] <= LOSS_TOLERANCE
+    assert diffs[1] <= LOSS_TOLERANCE * eager[:, 1].max()
+    assert diffs[2] == 0.0
     xla_params = to_cpu(xla_model.state_dict())
     worst = max((xla_params[k] - v).abs().max().item() for k, v in cpu_model.state_dict().items())
     moved = max((initial[k] - v).abs().max().item() for k, v in cpu_model.state_dict().items())
@@ -199,6 +213,50 @@ def test_graphs_stay_bounded_by_the_buckets_across_varied_lengths_and_a_changing
     assert per_step[0] == 1  # a shape no earlier test compiled: the count below is this test's own
     assert sum(per_step) <= len(BUCKETS) + 1  # first step (creates the optimizer state) + one per bucket
     assert sum(per_step[3:]) == 0  # once each bucket has run a steady step, nothing compiles again
+
+
+def test_accumulated_micro_batches_take_the_step_of_the_whole_batch(worker):
+    torch.manual_seed(0)
+    whole_model = AlbertForPreTraining(tiny_config()).to(worker.device)
+    split_model = copy.deepcopy(whole_model)
+    raw = pair_batch([30, 28, 12, 10], seed=800)
+    halves = [{k: v[i : i + 2] for k, v in raw.items()} for i in (0, 2)]
+    # The halves hold different numbers of masked tokens: averaging each half's mean would weigh them wrongly.
+    assert (halves[0]["mlm_labels"] != IGNORE_INDEX).sum() != (halves[1]["mlm_labels"] != IGNORE_INDEX).sum()
+    whole = xla_train_step(
+        whole_model, lamb(whole_model)[0], to_device(static_batch(raw, buckets=BUCKETS), worker.device)
+    )
+    split = xla_train_step(
+        split_model,
+        lamb(split_model)[0],
+        [to_device(static_batch(half, buckets=BUCKETS), worker.device) for half in halves],
+    )
+    for name in ("loss", "mlm_loss", "pair_loss", "mlm_acc", "pair_acc", "grad_norm", "tokens"):
+        torch.testing.assert_close(getattr(split, name).cpu(), getattr(whole, name).cpu(), atol=1e-5, rtol=1e-5)
+    split_params = to_cpu(split_model.state_dict())
+    for key, value in to_cpu(whole_model.state_dict()).items():
+        torch.testing.assert_close(split_params[key], value, atol=1e-6, rtol=1e-5)
+
+
+def test_dropout_steps_follow_the_seed_and_compile_once(worker):
+    torch.manual_seed(0)
+    base = AlbertForPreTraining(tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    raw = pair_batch([30, 22, 17, 29], seed=900)
+    runs = {}
+    for name, seeds in (("a", [1, 2, 3, 4]), ("again", [1, 2, 3, 4]), ("other", [5, 6, 7, 8])):
+        model = copy.deepcopy(base).to(worker.device)
+        optimizer, scheduler = lamb(model)
+        batch = to_device(static_batch(raw, buckets=BUCKETS), worker.device)
+        losses, compiles = [], []
+        for seed in seeds:
+            before = compile_count()
+            losses.append(xla_train_step(model, optimizer, batch, scheduler=scheduler, seed=seed).loss.item())
+            compiles.append(compile_count() - before)
+        runs[name] = (losses, compiles)
+    print(f"\ndropout runs (losses, compiles per step): {runs}")
+    assert runs["again"][0] == runs["a"][0]  # the same seeds draw the same dropout masks
+    assert all(x != y for x, y in zip(runs["other"][0], runs["a"][0], strict=True))
+    assert sum(runs["again"][1]) == sum(runs["other"][1]) == 0  # a new seed is data, not a new graph
 
 
 def test_device_loader_delivers_the_static_batches_on_the_device(worker):
