@@ -16,9 +16,15 @@ values are graph inputs), so a schedule that ends at 0 adds one graph per bucket
 
     worker = setup_xla_worker()                     # PJRT runtime from PJRT_DEVICE, device, rank/world
     model.to(worker.device); optimizer = make_optimizer(model, ...)   # optimizer after the move
-    for batch in device_loader(static_batches(batches, buckets=..., batch_size=...), worker.device):
-        losses = xla_train_step(model, optimizer, batch, scheduler=scheduler, precision=...)
+    batches = static_batches(mlm_batches, buckets=(128, 512), batch_size=micro_batch_size)
+    for micro_batches in accumulation groups of device_loader(batches, worker.device):
+        stats = xla_train_step(model, optimizer, micro_batches, scheduler=scheduler, precision=..., seed=...)
+        if step % log_every == 0: log({k: v.item() ...})             # the only host reads
     save_xla_model(directory, model)                # on every worker; rank 0 writes
+
+Data parallelism sums gradients over the PJRT runtime's `xr.world_size()` replicas with `xm.all_reduce` inside
+the step (not over torch.distributed). XLA:CPU has no working cross-device collectives (pytorch/xla#5005), so
+only world_size 1 is tested here.
 
 Requires torch-xla 2.9 with torch 2.9 (scripts/xla_venv.sh builds that virtualenv).
 """
