@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# The XLA tier runs in its own torch-xla virtualenv (scripts/test_xla.sh), not in the main suite.
+collect_ignore = ["xla"]
+
 
 @pytest.fixture(scope="session")
 def ray_local():
