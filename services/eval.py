@@ -79,8 +79,18 @@ def register_downstream_task(name: str) -> Callable[[DownstreamTask], Downstream
     return register
 
 
+def register_finetune_tasks() -> None:
+    """The fine-tuning tasks of services.finetune (GLUE, SQuAD, RACE, polarity): median dev metrics over seeds."""
+    from services.finetune import TASKS, downstream_evaluator
+
+    for task in TASKS:
+        DOWNSTREAM_TASKS.setdefault(task, downstream_evaluator(task))
+
+
 def check_tasks(tasks: Sequence[str], task_data: dict[str, str]) -> None:
     """Raise UnknownTask / ValueError naming the first task that cannot run."""
+    if tasks:
+        register_finetune_tasks()
     for task in tasks:
         if task not in DOWNSTREAM_TASKS:
             known = ", ".join(sorted(DOWNSTREAM_TASKS)) or "none yet"
