@@ -393,6 +393,7 @@ class GlueData:
         self.spec = glue_task("sst2" if task == "polarity" else task)
         self.metric = self.spec.metric
         self._examples: dict[str, list[GlueExample]] = {}
+        self._encoded: dict[str, list[tuple[list[int], list[int]]]] = {}
         if task == "polarity":
             train, dev = polarity_split(read_polarity(_polarity_file(self.data_dir)))
             self._examples = {"train": train, "dev": dev}
@@ -419,7 +420,13 @@ class GlueData:
         return self._examples[split]
 
     def _rows(self, split: str) -> list[tuple[list[int], list[int]]]:
-        return [encode_pair(self.tokenizer, e.text_a, e.text_b, self.max_seq_length) for e in self.examples(split)]
+        """Encoded once per split (dev is predicted at every evaluation)."""
+        if split not in self._encoded:
+            examples = self.examples(split)
+            self._encoded[split] = [
+                encode_pair(self.tokenizer, e.text_a, e.text_b, self.max_seq_length) for e in examples
+            ]
+        return self._encoded[split]
 
     def model(self, config: AlbertConfig) -> nn.Module:
         return AlbertForSequenceClassification(config, num_labels=self.spec.num_labels)
@@ -635,6 +642,7 @@ class RaceData:
         self.metric = "acc"
         self.dev_splits = ["dev"]
         self._examples: dict[str, list[RaceExample]] = {}
+        self._encoded: dict[str, list[list[tuple[list[int], list[int]]]]] = {}
 
     @functools.cached_property
     def train_rows(self) -> list[list[tuple[list[int], list[int]]]]:
@@ -653,8 +661,11 @@ class RaceData:
         return self._examples[split]
 
     def _rows(self, split: str) -> list[list[tuple[list[int], list[int]]]]:
+        """Encoded once per split (dev is predicted at every evaluation)."""
+        if split in self._encoded:
+            return self._encoded[split]
         t = self.tokenizer
-        return [
+        self._encoded[split] = [
             race_inputs(
                 e,
                 t.encode,
@@ -665,6 +676,7 @@ class RaceData:
             )
             for e in self.examples(split)
         ]
+        return self._encoded[split]
 
     def model(self, config: AlbertConfig) -> nn.Module:
         return AlbertForMultipleChoice(config)
