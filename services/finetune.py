@@ -17,44 +17,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ray
+if TYPE_CHECKING:
+    from albert_core.finetuning import FinetuneConfig
 
-from albert_core.config import AlbertConfig
-from albert_core.finetuning import (
-    GLUE_FINETUNE_TASKS,
-    TASKS,
-    FinetuneConfig,
-    TaskHyperparams,
-    canonical_task,
-    finetune,
-    json_safe,
-    markdown_table,
-    median_of_seeds,
-    score_ensemble,
+# torch and ray are imported where they are used: `albert --help` builds this module's parser and stays instant.
+# The same names as albert_core.finetuning.TASKS (a test keeps them equal).
+TASKS = (
+    *("cola", "stsb", "sst2", "mnli", "qnli", "qqp", "rte", "mrpc", "wnli"),
+    *("mnli-m", "mnli-mm", "squad1", "squad2", "race", "polarity"),
 )
-
 BASE_SEED = 12345
 GLUE_SEEDS = 5  # GLUE dev results are the median of 5 runs
-
-_HYPERPARAM_FIELDS = frozenset(f.name for f in dataclasses.fields(TaskHyperparams))
-_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(FinetuneConfig)) - {
-    "task",
-    "data_dir",
-    "checkpoint",
-    "seed",
-    "overrides",
-    "output_dir",
-}
+_RUN_FIELDS = frozenset({"task", "data_dir", "checkpoint", "seed", "overrides", "output_dir"})  # set per seed
 
 
 def default_seeds(task: str) -> int:
     """5 runs for GLUE tasks (the paper's median), 1 for the others."""
+    from albert_core.finetuning import GLUE_FINETUNE_TASKS, canonical_task
+
     task = canonical_task(task)
     return GLUE_SEEDS if task in GLUE_FINETUNE_TASKS or task.startswith("mnli") else 1
 
@@ -81,15 +68,20 @@ def seed_configs(
 ) -> list[FinetuneConfig]:
     """One FinetuneConfig per seed. `overrides` mixes TaskHyperparams fields (lr, batch_size, ...) and
     FinetuneConfig fields (max_steps, eval_every, patience, tokenizer, model, device, ...)."""
+    from albert_core.config import AlbertConfig
+    from albert_core.finetuning import FinetuneConfig, TaskHyperparams
+
+    hyper_fields = {f.name for f in dataclasses.fields(TaskHyperparams)}
+    config_fields = {f.name for f in dataclasses.fields(FinetuneConfig)} - _RUN_FIELDS
     overrides = dict(overrides or {})
-    unknown = sorted(set(overrides) - _HYPERPARAM_FIELDS - _CONFIG_FIELDS)
+    unknown = sorted(set(overrides) - hyper_fields - config_fields)
     if unknown:
         raise ValueError(
             f"overrides: unknown key {unknown[0]!r}; expected a hyperparameter "
-            f"({', '.join(sorted(_HYPERPARAM_FIELDS))}) or a FinetuneConfig field ({', '.join(sorted(_CONFIG_FIELDS))})"
+            f"({', '.join(sorted(hyper_fields))}) or a FinetuneConfig field ({', '.join(sorted(config_fields))})"
         )
-    hyper = {k: v for k, v in overrides.items() if k in _HYPERPARAM_FIELDS}
-    fields = {k: v for k, v in overrides.items() if k in _CONFIG_FIELDS}
+    hyper = {k: v for k, v in overrides.items() if k in hyper_fields}
+    fields = {k: v for k, v in overrides.items() if k in config_fields}
     if isinstance(fields.get("model"), dict):
         fields["model"] = AlbertConfig.from_dict(fields["model"])
     return [
@@ -106,12 +98,20 @@ def seed_configs(
     ]
 
 
-@ray.remote
-def _finetune_task(config: FinetuneConfig, num_threads: int) -> dict[str, Any]:
+def _finetune_in_worker(config: FinetuneConfig, num_threads: int) -> dict[str, Any]:
     import torch
+
+    from albert_core.finetuning import finetune
 
     torch.set_num_threads(max(1, num_threads))
     return finetune(config)
+
+
+@functools.cache
+def _finetune_task():
+    import ray
+
+    return ray.remote(_finetune_in_worker)
 
 
 def run_seeds(
@@ -122,9 +122,11 @@ def run_seeds(
     progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Run each config as a Ray task of num_cpus CPUs (and num_gpus GPUs); results in config order."""
+    import ray
+
     if not ray.is_initialized():
         ray.init()
-    task = _finetune_task.options(num_cpus=num_cpus, num_gpus=num_gpus)
+    task = _finetune_task().options(num_cpus=num_cpus, num_gpus=num_gpus)
     pending = {task.remote(config, int(max(1, num_cpus))): i for i, config in enumerate(configs)}
     results: list[dict[str, Any] | None] = [None] * len(configs)
     bar = _bar(len(configs), progress)
@@ -156,6 +158,8 @@ def summarize(
     ensemble: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """median_of_seeds plus the markdown table (and the ensemble's scores); written to output_dir/summary.{json,md}."""
+    from albert_core.finetuning import json_safe, markdown_table, median_of_seeds
+
     summary = median_of_seeds(results)
     summary["table"] = markdown_table(summary)
     summary["test"] = [r["test"] for r in results] if any(r["test"] for r in results) else []
@@ -191,6 +195,8 @@ def run_downstream(
     "test" (per-seed test metrics where labels are public), "results" (each run's result), "seconds" and, with
     ensemble=True (needs output_dir), "ensemble": the seeds' averaged outputs scored like one run.
     """
+    from albert_core.finetuning import canonical_task, score_ensemble
+
     task = canonical_task(task)
     if ensemble and output_dir is None:
         raise ValueError("run_downstream: ensemble=True needs output_dir (the runs' outputs are read from there)")
@@ -226,7 +232,7 @@ def downstream_evaluator(
         summary = run_downstream(task, checkpoint_dir, data_dir, seeds=seeds, overrides=overrides, **kwargs)
         return {**summary["median"], "runs": summary["runs"]}
 
-    evaluate.__name__ = f"finetune_{canonical_task(task).replace('-', '_')}"
+    evaluate.__name__ = f"finetune_{task.strip().lower().replace('-', '_')}"
     return evaluate
 
 
@@ -234,6 +240,9 @@ def downstream_evaluator(
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
+    from albert_core.config import AlbertConfig
+    from albert_core.finetuning import canonical_task, finetune
+
     task = canonical_task(args.task)
     flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")
     flags += ("micro_batch_size", "tokenizer", "device", "precision")
@@ -262,6 +271,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         summarize([finetune(config)], output)
     else:
         if args.address:
+            import ray
+
             ray.init(address=args.address)
         seed_values = [args.seed + i for i in range(seeds)]
         run_downstream(

@@ -2,6 +2,8 @@
 
 import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,25 @@ def overrides_for(tok_dir: Path, **extra) -> dict:
 
     model = tiny(Tokenizer.load(tok_dir).vocab_size).to_dict()
     return {**QUICK, "tokenizer": str(tok_dir), "model": model, "eval_every": 0, **extra}
+
+
+# --- module ---------------------------------------------------------------------------------------------
+
+
+def test_task_names_are_those_of_albert_core():
+    from albert_core.finetuning import TASKS as CORE_TASKS
+    from services.finetune import TASKS
+
+    assert TASKS == CORE_TASKS
+
+
+def test_building_the_cli_parser_imports_neither_torch_nor_ray():
+    code = (
+        "import argparse, sys; from services.finetune import register; "
+        "register(argparse.ArgumentParser().add_subparsers()); print('torch' in sys.modules, 'ray' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
 
 
 # --- configs -----------------------------------------------------------------------------------------------
