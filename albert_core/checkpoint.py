@@ -16,15 +16,12 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from albert_core.config import AlbertConfig
+from albert_core.files import CheckpointError, atomic_write_bytes
 from albert_core.interop import load_hf_checkpoint
 from albert_core.model import AlbertForPreTraining, AlbertModel
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, truncated or does not fit the model; the message names the file."""
 
 
 def state_dict_of(model: nn.Module) -> dict[str, Tensor]:
@@ -54,21 +51,6 @@ def load_weights(model: nn.Module, state: dict[str, Tensor]) -> list[str]:
             raise CheckpointError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {expected}")
     result = model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
     return sorted(result.missing_keys)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory and rename: readers see the old or the new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_model(directory: str | Path, model: nn.Module) -> Path:

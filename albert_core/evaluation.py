@@ -28,6 +28,7 @@ from torch import nn
 from albert_core.batch import mlm_batch
 from albert_core.masking import IGNORE_INDEX
 from albert_core.pairs import PairConfig, PairExample, create_pairs
+from albert_core.tokenization import TokenIds
 
 HELDOUT_COLUMNS = ("doc_id", "sentences", "word_starts")
 
@@ -42,35 +43,6 @@ class HeldoutDocument:
     doc_id: int
     sentences: list[list[int]]  # token ids per sentence
     word_starts: list[list[bool]]  # one flag per token: does it start a word
-
-
-@dataclass(frozen=True)
-class TokenIds:
-    """The ids evaluation needs from the tokenizer. Defaults: the ALBERT layout (pad, unk, cls, sep, mask = 0..4)."""
-
-    vocab_size: int
-    pad_id: int = 0
-    unk_id: int = 1
-    cls_id: int = 2
-    sep_id: int = 3
-    mask_id: int = 4
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        """Ids that are never masked: pad, unk, cls, sep, mask (as `Tokenizer.special_ids`)."""
-        return frozenset((self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id))
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer) -> TokenIds:
-        """From an `albert_core.tokenization.Tokenizer` (or anything with the same id properties)."""
-        return cls(
-            vocab_size=tokenizer.vocab_size,
-            pad_id=tokenizer.pad_id,
-            unk_id=tokenizer.unk_id,
-            cls_id=tokenizer.cls_id,
-            sep_id=tokenizer.sep_id,
-            mask_id=tokenizer.mask_id,
-        )
 
 
 def read_heldout(path: str) -> list[HeldoutDocument]:

@@ -370,3 +370,31 @@ class Tokenizer:
             f"Tokenizer({self.name}, vocab_size={self.vocab_size}, lower_case={self.lower_case}, "
             f"sha256={self.sha256[:12]})"
         )
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """The ids training and evaluation need from the tokenizer. Defaults: ALBERT's (pad, unk, cls, sep, mask = 0..4)."""
+
+    vocab_size: int
+    pad_id: int = 0
+    unk_id: int = 1
+    cls_id: int = 2
+    sep_id: int = 3
+    mask_id: int = 4
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids that are never masked: pad, unk, cls, sep, mask (as `Tokenizer.special_ids`)."""
+        return frozenset((self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id))
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer) -> TokenIds:
+        return cls(
+            vocab_size=tokenizer.vocab_size,
+            pad_id=tokenizer.pad_id,
+            unk_id=tokenizer.unk_id,
+            cls_id=tokenizer.cls_id,
+            sep_id=tokenizer.sep_id,
+            mask_id=tokenizer.mask_id,
+        )

@@ -21,13 +21,10 @@ touches training.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import operator
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +32,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
+from albert_core.files import CorruptCheckpoint, atomic_write_bytes, verify_manifest
 from albert_core.shards import HELDOUT_FILE
 from services.eval import IntrinsicEvaluator, IntrinsicOptions, check_tasks, options_dict
 from services.run_config import RunConfig
@@ -43,7 +41,6 @@ NAMESPACE = "albert"
 STATE_FILE = "coordinator.json"
 METRICS_FILE = "metrics.jsonl"
 EVAL_TABLE_FILE = "eval.md"
-MANIFEST_FILE = "MANIFEST.json"
 REQUIRED_CHECKPOINT_FILES = ("config.json", "model.safetensors")
 MAX_EVAL_RETRIES = 2  # relaunches of an evaluator that died
 STATE_VERSION = 1
@@ -63,55 +60,9 @@ def evaluator_name(run_name: str, step: int, launch: int) -> str:
 # --- checkpoint verification -----------------------------------------------------------------------------------
 
 
-class CorruptCheckpoint(RuntimeError):
-    """A checkpoint directory does not match its MANIFEST.json; the message names the file and the mismatch."""
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_checkpoint(directory: str | Path) -> dict[str, Any]:
-    """Check every file listed in `<directory>/MANIFEST.json` ({"files": {name: {"sha256", "size"}}}).
-
-    Returns the manifest; raises CorruptCheckpoint for a missing or unreadable manifest, a missing file, a size or
-    sha256 mismatch, or a manifest that lacks the model files (config.json, model.safetensors).
-    """
-    directory = Path(directory)
-    manifest_path = directory / MANIFEST_FILE
-    if not directory.is_dir():
-        raise CorruptCheckpoint(f"{directory}: not a directory")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{manifest_path}: not found; every checkpoint carries one") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CorruptCheckpoint(f"{manifest_path}: not valid JSON ({err})") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise CorruptCheckpoint(f"{manifest_path}: expected {{'files': {{name: {{'sha256', 'size'}}}}}}")
-    for name in REQUIRED_CHECKPOINT_FILES:
-        if name not in files:
-            raise CorruptCheckpoint(f"{manifest_path}: does not list {name}")
-    for name, entry in files.items():
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            raise CorruptCheckpoint(f"{manifest_path}: file name {name!r} leaves the checkpoint directory")
-        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or "size" not in entry:
-            raise CorruptCheckpoint(f"{manifest_path}: entry for {name} lacks sha256 or size")
-        path = directory / name
-        if not path.is_file():
-            raise CorruptCheckpoint(f"{path}: listed in {MANIFEST_FILE} but missing")
-        size = path.stat().st_size
-        if size != entry["size"]:
-            raise CorruptCheckpoint(f"{path}: size {size} != {entry['size']} recorded in {MANIFEST_FILE}")
-        digest = file_sha256(path)
-        if digest != entry["sha256"]:
-            raise CorruptCheckpoint(f"{path}: sha256 {digest[:16]}... != {entry['sha256'][:16]}... in {MANIFEST_FILE}")
-    return manifest
+    """The checkpoint's MANIFEST.json checks out and lists the model files evaluation loads."""
+    return verify_manifest(directory, REQUIRED_CHECKPOINT_FILES)
 
 
 # --- the actor -------------------------------------------------------------------------------------------------
@@ -567,23 +518,6 @@ def get_or_create_coordinator(
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory, fsync, rename: readers see the old or the new file.
-
-    (As albert_core.checkpoint's, which this process does not import: it would pull in torch.)
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _check_step(step: Any) -> int:

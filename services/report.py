@@ -7,25 +7,31 @@ which the coordinator writes. Nothing here touches the training itself.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+log = logging.getLogger(__name__)
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every complete line of the metrics log (a line being written is left for the next read)."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
+def read_metrics(run_dir_or_file: str | Path) -> list[dict[str, Any]]:
+    """The JSON lines of a metrics log (a run directory or the file); a torn last line (crash mid-write) is skipped."""
+    path = Path(run_dir_or_file)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.is_file():
         return []
     records = []
     for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            continue
+            log.warning("%s: skipping an unreadable line (%.60s)", path, line)
     return records
 
 

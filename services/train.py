@@ -69,7 +69,8 @@ from albert_core.masking import IGNORE_INDEX
 from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
-from albert_core.tokenization import MODEL_FILE, SPECIAL_PIECES, Tokenizer
+from albert_core.tokenization import MODEL_FILE, SPECIAL_PIECES, TokenIds, Tokenizer
+from services.report import read_metrics
 from services.run_config import DataSection, RunConfig
 from services.train_state import (
     TrainerState,
@@ -113,27 +114,6 @@ class SimulatedCrash(RuntimeError):
 
 # --------------------------------------------------------------------------------------------------
 # vocabulary and data plan (driver side; plain values that travel to the workers)
-
-
-@dataclass(frozen=True)
-class TokenIds:
-    vocab_size: int
-    pad_id: int = 0
-    cls_id: int = 2
-    sep_id: int = 3
-    mask_id: int = 4
-    special_ids: tuple[int, ...] = (0, 1, 2, 3, 4)  # never masked, never drawn as random replacements
-
-    @classmethod
-    def from_tokenizer(cls, tokenizer: Tokenizer) -> TokenIds:
-        return cls(
-            vocab_size=tokenizer.vocab_size,
-            pad_id=tokenizer.pad_id,
-            cls_id=tokenizer.cls_id,
-            sep_id=tokenizer.sep_id,
-            mask_id=tokenizer.mask_id,
-            special_ids=tuple(sorted(tokenizer.special_ids)),
-        )
 
 
 def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
@@ -408,22 +388,6 @@ def step_seed(seed: int, rank: int, step: int) -> int:
 # metrics.jsonl (used when no coordinator owns it)
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON lines of a metrics file; a torn last line (a crash mid-write) is skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            log.warning("%s: skipping an unreadable line (%.60s)", path, line)
-    return records
-
-
 def _truncate_metrics(path: Path, after_step: int) -> None:
     """Drop lines past `after_step`: a resumed run will write those steps again."""
     if not path.exists():
@@ -455,7 +419,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     run = RunConfig.from_dict(config["run_config"], source="train_loop_config")
-    ids = TokenIds(**{**config["token_ids"], "special_ids": tuple(config["token_ids"]["special_ids"])})
+    ids = TokenIds(**config["token_ids"])
     t, o = run.train, run.optim
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()

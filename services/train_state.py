@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -37,21 +36,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from albert_core.checkpoint import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    CheckpointError,
-    atomic_write_bytes,
-    load_weights,
-    read_checkpoint,
-    save_model,
-)
+from albert_core.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, load_weights, read_checkpoint, save_model
+from albert_core.files import CorruptCheckpoint, fsync_dir, verify_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 TRAINER_FILE = "trainer.json"
-MANIFEST_FILE = "MANIFEST.json"
 FORMAT = "albert-train-state"
 VERSION = 1
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE, TRAINER_FILE)
@@ -68,10 +59,6 @@ __all__ = [
     "latest_good",
     "list_checkpoints",
 ]
-
-
-class CorruptCheckpoint(CheckpointError):
-    """A training checkpoint is partial or damaged; the message names the file and what is wrong."""
 
 
 @dataclass
@@ -135,13 +122,7 @@ def save_train_state(
             "rng": _capture_rng(),
         }
         (tmp / TRAINER_FILE).write_bytes(_to_json(trainer, TRAINER_FILE).encode())
-        files = {}
-        for name in REQUIRED_FILES:
-            path = tmp / name
-            _fsync(path)
-            files[name] = {"sha256": _sha256(path), "size": path.stat().st_size}
-        manifest = {"format": FORMAT, "version": VERSION, "step": state.step, "files": files}
-        atomic_write_bytes(tmp / MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
+        write_manifest(tmp, REQUIRED_FILES, format=FORMAT, version=VERSION, step=state.step)
         _replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -155,7 +136,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -233,36 +214,7 @@ def _to_json(data: Any, what: str) -> str:
 
 def verify(directory: str | Path) -> dict[str, Any]:
     """Check every file against MANIFEST.json; returns the manifest or raises CorruptCheckpoint naming the file."""
-    directory = Path(directory)
-    manifest_path = directory / MANIFEST_FILE
-    if not directory.is_dir():
-        raise CorruptCheckpoint(f"{directory}: not a directory")
-    if not manifest_path.is_file():
-        raise CorruptCheckpoint(f"{manifest_path}: missing (a partial or foreign checkpoint)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-        if not isinstance(files, dict):
-            raise TypeError("'files' is not an object")
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise CorruptCheckpoint(f"{manifest_path}: unreadable manifest ({err})") from None
-    for name in REQUIRED_FILES:
-        if name not in files:
-            raise CorruptCheckpoint(f"{manifest_path}: lists no {name}")
-    for name, expected in files.items():
-        path = directory / name
-        if not path.is_file():
-            raise CorruptCheckpoint(f"{path}: missing")
-        size = path.stat().st_size
-        if size != expected["size"]:
-            kind = "truncated" if size < expected["size"] else "too long"
-            raise CorruptCheckpoint(f"{path}: {kind}: {size} bytes, manifest says {expected['size']}")
-        digest = _sha256(path)
-        if digest != expected["sha256"]:
-            raise CorruptCheckpoint(
-                f"{path}: checksum mismatch (sha256 {digest[:12]}…, manifest says {expected['sha256'][:12]}…)"
-            )
-    return manifest
+    return verify_manifest(directory, REQUIRED_FILES)
 
 
 def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
@@ -400,29 +352,3 @@ def _tensor_from_b64(text: str) -> torch.Tensor:
 
 # --------------------------------------------------------------------------------------------------
 # files
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

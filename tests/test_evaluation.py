@@ -299,8 +299,8 @@ def test_a_registered_downstream_task_is_run_on_the_checkpoint_with_its_data_dir
 
 def test_a_downstream_task_nothing_registered_is_refused_by_name(tmp_path):
     saved_checkpoint(tmp_path / "ckpt", 10)
-    with pytest.raises(UnknownTask, match="no evaluator is registered for downstream task 'rte'"):
-        evaluate_checkpoint(tmp_path / "ckpt", tmp_path / "missing.parquet", tasks=["rte"], task_data={"rte": "x"})
+    with pytest.raises(UnknownTask, match="no evaluator is registered for downstream task 'boolq'"):
+        evaluate_checkpoint(tmp_path / "ckpt", tmp_path / "missing.parquet", tasks=["boolq"], task_data={"boolq": "x"})
 
 
 def test_intrinsic_options_follow_the_run_config():

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from albert_core.config import AlbertConfig
+from albert_core.files import MANIFEST_FILE
 from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from services.train_state import (
-    MANIFEST_FILE,
     OPTIMIZER_FILE,
     TRAINER_FILE,
     CorruptCheckpoint,

@@ -1,0 +1,124 @@
+"""Durable files without torch: atomic writes, sha256 manifests and their verification.
+
+Used by model checkpoints, training checkpoints and the coordinator (which runs without importing torch).
+A manifest is `MANIFEST.json` = {"files": {name: {"sha256": hex, "size": bytes}}, ...}, written last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+MANIFEST_FILE = "MANIFEST.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated or does not fit the model; the message names the file."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint directory does not match its MANIFEST.json; the message names the file and the mismatch."""
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_file(path: str | Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename inside `path` durable (best effort: some filesystems do not support it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write via a temporary file in the same directory, fsync, rename: readers see the old or the new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_manifest(directory: str | Path, names: Iterable[str], **fields: Any) -> dict[str, Any]:
+    """fsync the named files of `directory` and record their sha256 and size in its MANIFEST.json (atomically)."""
+    directory = Path(directory)
+    files = {}
+    for name in names:
+        path = directory / name
+        fsync_file(path)
+        files[name] = {"sha256": file_sha256(path), "size": path.stat().st_size}
+    manifest = {**fields, "files": files}
+    atomic_write_bytes(directory / MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
+    return manifest
+
+
+def verify_manifest(directory: str | Path, required: Iterable[str] = ()) -> dict[str, Any]:
+    """Check every file listed in `<directory>/MANIFEST.json`; returns the manifest.
+
+    Raises CorruptCheckpoint naming the file for: a missing or unreadable manifest, a manifest lacking a `required`
+    name or naming a path outside the directory, a missing file, a size mismatch (truncated / too long) or a sha256
+    mismatch.
+    """
+    directory = Path(directory)
+    manifest_path = directory / MANIFEST_FILE
+    if not directory.is_dir():
+        raise CorruptCheckpoint(f"{directory}: not a directory")
+    if not manifest_path.is_file():
+        raise CorruptCheckpoint(f"{manifest_path}: missing (a partial or foreign checkpoint)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise CorruptCheckpoint(f"{manifest_path}: unreadable manifest ({err})") from None
+    for name in required:
+        if name not in files:
+            raise CorruptCheckpoint(f"{manifest_path}: lists no {name}")
+    for name, expected in files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise CorruptCheckpoint(f"{manifest_path}: file name {name!r} leaves the checkpoint directory")
+        if not isinstance(expected, dict) or not isinstance(expected.get("sha256"), str) or "size" not in expected:
+            raise CorruptCheckpoint(f"{manifest_path}: entry for {name} lacks sha256 or size")
+        path = directory / name
+        if not path.is_file():
+            raise CorruptCheckpoint(f"{path}: missing")
+        size = path.stat().st_size
+        if size != expected["size"]:
+            kind = "truncated" if size < expected["size"] else "too long"
+            raise CorruptCheckpoint(f"{path}: {kind}: {size} bytes, manifest says {expected['size']}")
+        digest = file_sha256(path)
+        if digest != expected["sha256"]:
+            raise CorruptCheckpoint(
+                f"{path}: checksum mismatch (sha256 {digest[:12]}…, manifest says {expected['sha256'][:12]}…)"
+            )
+    return manifest
