@@ -215,6 +215,9 @@ def _last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _mark_events(ax, events: list[dict[str, Any]]) -> None:
+    """Vertical lines at the run's turning points (dropout removal, ...); checkpoint bookkeeping is left out."""
     for event in events:
+        if str(event.get("event", "")).startswith("checkpoint"):
+            continue
         ax.axvline(event["step"], color="grey", linestyle="--", alpha=0.6)
         ax.annotate(str(event.get("event")), (event["step"], ax.get_ylim()[1]), fontsize=7, rotation=90, va="top")
