@@ -19,6 +19,7 @@ collecting as soon as the limit is passed, so a 50 MB line costs a few MB of mem
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import html
 import json
@@ -527,8 +528,10 @@ _DROP_SECTIONS = {
 _LINK_NAMESPACES = {"file", "image", "category", "media"}
 _DROP_TAGS = "ref|math|gallery|timeline|imagemap|score|syntaxhighlight|source|chem|ce|hiero|graph|templatedata"
 _RE_COMMENT = re.compile(r"<!--.*?(?:-->|$)", re.DOTALL)
-_RE_DROP_TAG = re.compile(rf"<({_DROP_TAGS})\b[^>]*?(?:/>|>.*?</\1\s*>)", re.DOTALL | re.IGNORECASE)
-_RE_SELF_CLOSING_REF = re.compile(r"<ref\b[^>]*/>", re.IGNORECASE)
+# <ref .../>, and <tag ...>...</tag> or <tag .../> for _DROP_TAGS: removed by _drop_elements (linear time).
+_RE_REF_NAME = re.compile(r"<(ref)\b", re.IGNORECASE)
+_RE_DROP_NAME = re.compile(rf"<({_DROP_TAGS})\b", re.IGNORECASE)
+_RE_DROP_CLOSE = re.compile(rf"</({_DROP_TAGS})\s*>", re.IGNORECASE)
 _RE_TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*\b[^<>]*?/?>")
 _RE_BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
 _RE_TEMPLATE = re.compile(r"\{\{(?:(?!\{\{|\}\}).)*\}\}", re.DOTALL)
@@ -536,20 +539,75 @@ _RE_TABLE = re.compile(r"\{\|(?:(?!\{\||\|\}).)*\|\}", re.DOTALL)
 _RE_LINK = re.compile(r"\[\[((?:(?!\[\[|\]\]).)*)\]\]", re.DOTALL)
 _RE_EXTERNAL = re.compile(r"\[(?:https?:|ftp:)?//[^\s\]]*\s*([^\]]*)\]")
 _RE_BOLD_ITALIC = re.compile(r"'{2,}")
-_RE_HEADING = re.compile(r"^(=+)\s*(.*?)\s*\1\s*$")
 _RE_MAGIC = re.compile(r"__[A-Z]+__")
-_RE_EMPTY_PARENS = re.compile(r"\(\s*[,;:]?\s*\)")
+_RE_EMPTY_PARENS = re.compile(r"\(\s*(?:[,;:]\s*)?\)")
 _RE_PAREN_LEAD = re.compile(r"\(\s*[,;:]\s*")
 _RE_SPACES = re.compile(r"[ \t\u00a0]+")
 _RE_SPACE_PUNCT = re.compile(r" +([,.;:!?)])")
 
 
+# Every pass of a nested construct (templates, tables, links) removes one level and costs a pass over the page, so
+# passes are capped: real pages nest a few levels, and a hostile "[[[[..." page stays linear. Deeper levels are
+# left as they are (their braces are removed later).
+_MAX_NESTING = 64
+
+
 def _replace_until_stable(pattern: re.Pattern, repl, text: str) -> str:
-    while True:
+    for _ in range(_MAX_NESTING):
         new = pattern.sub(repl, text)
         if new == text:
-            return text
+            break
         text = new
+    return text
+
+
+def _drop_elements(text: str, name: re.Pattern, closing: re.Pattern | None) -> str:
+    """Remove `<name ...>...</name>` (when `closing` finds closing tags) and `<name .../>` from `text`.
+
+    The same as re.sub of `<(name)\\b[^>]*?(?:/>|>.*?</\\1\\s*>)` (DOTALL, IGNORECASE), or of `<ref\\b[^>]*/>` with
+    closing=None, in linear time: that regex scanned to the next `>` and then to the end of the page for every
+    tag left unclosed, quadratic on a page of them. Here the end of each opening tag comes from a forward-only
+    search for `>`, and its closing tag from a bisection in the closing tags found in one pass.
+    """
+    closes: dict[str, list[tuple[int, int]]] = {}
+    for m in closing.finditer(text) if closing is not None else ():
+        closes.setdefault(m.group(1).lower(), []).append((m.start(), m.end()))
+    out, pos, search, gt = [], 0, 0, -1
+    while (m := name.search(text, search)) is not None:
+        if gt < m.end():  # the first ">" at or after the tag name (candidates only move forward)
+            gt = text.find(">", m.end())
+            gt = len(text) if gt < 0 else gt
+        end = None
+        if gt < len(text):
+            if gt - 1 >= m.end() and text[gt - 1] == "/":
+                end = gt + 1  # <name .../>
+            elif closing is not None:
+                spans = closes.get(m.group(1).lower(), [])
+                i = bisect.bisect_left(spans, (gt + 1,))  # the first closing tag after the opening one
+                end = spans[i][1] if i < len(spans) else None
+        if end is None:
+            search = m.start() + 1
+            continue
+        out.append(text[pos : m.start()])
+        pos = search = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _external_links(text: str) -> str:
+    """[http://url label] -> label. Only text up to the last "]" can hold one; the rest is not searched, so a page
+    of unclosed "[//" costs linear time (the regex scanned to the end of the page for each)."""
+    last = text.rfind("]") + 1
+    return _RE_EXTERNAL.sub(r"\1", text[:last]) + text[last:]
+
+
+def _heading(line: str) -> str | None:
+    """The title of a `== Title ==` line (stripped), or None: the `=` runs at both ends, the shorter one wins.
+
+    Plain string work: the regex `^(=+)\\s*(.*?)\\s*\\1\\s*$` took cubic time on a long run of `=`.
+    """
+    level = min(len(line) - len(line.lstrip("=")), len(line) - len(line.rstrip("=")), len(line) // 2)
+    return line[level : len(line) - level].strip() if level else None
 
 
 def _link(match: re.Match) -> str:
@@ -573,12 +631,12 @@ def strip_wikitext(text: str) -> str:
     removed keeping their text; headings become their own paragraph; reference sections dropped.
     Paragraphs are separated by a blank line."""
     text = _RE_COMMENT.sub("", text)
-    text = _RE_SELF_CLOSING_REF.sub("", text)
-    text = _RE_DROP_TAG.sub("", text)
+    text = _drop_elements(text, _RE_REF_NAME, None)
+    text = _drop_elements(text, _RE_DROP_NAME, _RE_DROP_CLOSE)
     text = _replace_until_stable(_RE_TEMPLATE, "", text)
     text = _replace_until_stable(_RE_TABLE, "", text)
     text = _replace_until_stable(_RE_LINK, _link, text)
-    text = _RE_EXTERNAL.sub(r"\1", text)
+    text = _external_links(text)
     text = _RE_BR.sub(" ", text)
     text = _RE_TAG.sub("", text)
     text = _RE_BOLD_ITALIC.sub("", text)
@@ -597,10 +655,9 @@ def strip_wikitext(text: str) -> str:
 
     for raw in text.split("\n"):
         line = raw.strip()
-        heading = _RE_HEADING.match(line)
-        if heading:
+        title = _heading(line)
+        if title is not None:
             flush()
-            title = heading.group(2).strip()
             dropping = title.lower() in _DROP_SECTIONS
             if title and not dropping:
                 paragraphs.append(title)

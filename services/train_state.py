@@ -124,6 +124,9 @@ def save_train_state(
         (tmp / TRAINER_FILE).write_bytes(_to_json(trainer, TRAINER_FILE).encode())
         write_manifest(tmp, REQUIRED_FILES, format=FORMAT, version=VERSION, step=state.step)
         _replace_dir(tmp, final)
+    except (OSError, SafetensorError) as err:  # e.g. the disk is full; safetensors reports it without the path
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(f"{final}: checkpoint not saved, earlier checkpoints are untouched ({err})") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
