@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -88,10 +89,10 @@ class AlbertConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"{name}: expected a probability in [0, 1), got {value!r}")
-        if not self.initializer_range > 0:
-            raise ConfigError(f"initializer_range: expected > 0, got {self.initializer_range!r}")
-        if not self.layer_norm_eps > 0:
-            raise ConfigError(f"layer_norm_eps: expected > 0, got {self.layer_norm_eps!r}")
+        for name in ("initializer_range", "layer_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"{name}: expected a finite number > 0, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size: {self.hidden_size} is not divisible by num_attention_heads ({self.num_attention_heads})"
@@ -107,6 +108,8 @@ class AlbertConfig:
             raise ConfigError("num_hidden_groups: must be 1 when sharing is 'none' (nothing is shared)")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act: expected one of {', '.join(ACTIVATIONS)}, got {self.hidden_act!r}")
+        if self.embedding_projection is not None and not isinstance(self.embedding_projection, bool):
+            raise ConfigError(f"embedding_projection: expected true, false or null, got {self.embedding_projection!r}")
         if self.embedding_projection is False and self.embedding_size != self.hidden_size:
             raise ConfigError(
                 f"embedding_projection: False needs embedding_size == hidden_size, got "
@@ -129,6 +132,8 @@ class AlbertConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AlbertConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"expected an object of AlbertConfig fields, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -140,7 +145,11 @@ class AlbertConfig:
 
     @classmethod
     def from_json(cls, text: str) -> AlbertConfig:
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"not valid JSON ({err})") from None
+        return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
@@ -148,11 +157,11 @@ class AlbertConfig:
     @classmethod
     def load(cls, path: str | Path) -> AlbertConfig:
         try:
-            return cls.from_json(Path(path).read_text())
+            return cls.from_json(Path(path).read_text(encoding="utf-8"))
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from None
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}: not valid JSON ({err})") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}: not UTF-8 text ({err})") from None
 
 
 def _block_of(layer: int, blocks: int, layers: int) -> int:

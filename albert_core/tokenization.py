@@ -203,7 +203,11 @@ class Tokenizer:
         self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
         self._sp: spm.SentencePieceProcessor | None = None
         self._word_start_table: np.ndarray | None = None
-        self._ids = self._special_ids()
+        try:
+            self._ids = self._special_ids()
+        except (RuntimeError, IndexError) as err:  # sentencepiece's words for a damaged or empty model file
+            detail = str(err).strip() or type(err).__name__
+            raise ValueError(f"{self.name}: not a SentencePiece model ({detail})") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, lower_case: bool | None = None) -> Tokenizer:

@@ -6,6 +6,7 @@ Every field is checked before any Ray worker starts; errors name the field as `s
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -109,6 +110,11 @@ class RunConfig:
             raise ConfigError(f"model.overrides: {err}") from None
 
     def validate(self) -> None:
+        name = self.run.name
+        if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+            raise ConfigError(
+                f"run.name: expected a plain directory name (the run lives in output_dir/name), got {name!r}"
+            )
         self.model_config(vocab_size=self.model.overrides.get("vocab_size") or 30000)
         t, o, d = self.train, self.optim, self.data
         _positive(
@@ -130,18 +136,38 @@ class RunConfig:
             raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
         if o.name not in ("lamb", "adamw"):
             raise ConfigError(f"optim.name: expected lamb or adamw, got {o.name!r}")
-        if not o.lr > 0:
-            raise ConfigError(f"optim.lr: expected > 0, got {o.lr}")
+        for positive in ("lr", "eps"):
+            if not 0 < getattr(o, positive) < math.inf:
+                raise ConfigError(f"optim.{positive}: expected a finite number > 0, got {getattr(o, positive)}")
+        for beta in ("beta1", "beta2"):
+            if not 0 <= getattr(o, beta) < 1:
+                raise ConfigError(f"optim.{beta}: expected a number in [0, 1), got {getattr(o, beta)}")
+        if not 0 <= o.weight_decay < math.inf:
+            raise ConfigError(f"optim.weight_decay: expected a finite number >= 0, got {o.weight_decay}")
+        if math.isnan(o.grad_clip):
+            raise ConfigError("optim.grad_clip: expected a number (<= 0: no clipping), got nan")
         if not 0 <= o.warmup_steps <= o.total_steps:
             raise ConfigError(f"optim.warmup_steps: expected 0..total_steps ({o.total_steps}), got {o.warmup_steps}")
-        if o.trust_clip is not None and (len(o.trust_clip) != 2 or not 0 <= o.trust_clip[0] <= o.trust_clip[1]):
-            raise ConfigError(f"optim.trust_clip: expected [lo, hi] with 0 <= lo <= hi, got {o.trust_clip}")
+        if o.trust_clip is not None:
+            clip = o.trust_clip
+            numbers = isinstance(clip, list) and all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in clip
+            )
+            if not numbers or len(clip) != 2 or not 0 <= clip[0] <= clip[1]:
+                raise ConfigError(f"optim.trust_clip: expected [lo, hi] with 0 <= lo <= hi, got {clip!r}")
+            if o.name != "lamb":
+                raise ConfigError(f"optim.trust_clip: a LAMB option, but optim.name is {o.name!r}")
         if not 0 < d.mask_prob < 1:
             raise ConfigError(f"data.mask_prob: expected in (0, 1), got {d.mask_prob}")
         if d.max_seq_length > self.model_config(30000).max_position_embeddings:
             raise ConfigError("data.max_seq_length: exceeds model max_position_embeddings")
         if self.eval.every_steps < 0:
             raise ConfigError(f"eval.every_steps: expected >= 0, got {self.eval.every_steps}")
+        if not all(isinstance(task, str) for task in self.eval.tasks):
+            raise ConfigError(f"eval.tasks: expected a list of task names, got {self.eval.tasks!r}")
+        for task, directory in self.eval.task_data.items():
+            if not isinstance(directory, str):
+                raise ConfigError(f"eval.task_data: expected a directory path for task {task!r}, got {directory!r}")
         missing = [task for task in self.eval.tasks if task not in self.eval.task_data]
         if missing:
             raise ConfigError(f"eval.task_data: no data directory for task {missing[0]!r}")
@@ -162,7 +188,10 @@ class RunConfig:
             values = data.get(name, {})
             if not isinstance(values, dict):
                 raise ConfigError(f"{source}: {name}: expected a table, got {type(values).__name__}")
-            built[name] = _build_section(section_cls, values, f"{name}")
+            try:
+                built[name] = _build_section(section_cls, values, f"{name}")
+            except ConfigError as err:
+                raise ConfigError(f"{source}: {err}") from None
         config = cls(**built)
         try:
             config.validate()
@@ -174,8 +203,8 @@ class RunConfig:
     def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
         path = resolve_config_path(path)
         try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as err:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise ConfigError(f"{path}: not valid TOML ({err})") from None
         for dotted, value in (overrides or {}).items():
             section, _, key = dotted.partition(".")
