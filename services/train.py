@@ -87,6 +87,9 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 STOP_ENV = "ALBERT_STOP_AFTER_STEP"  # simulate a crash right after step N (tests of resume)
+# Debug, opt-in: a directory where every worker appends one line per step it trains, holding the example ids of
+# that step, to `rank<r>.jsonl` (see `trace_step`). A step redone after a failure is appended again.
+TRACE_ENV = "ALBERT_TRACE_EXAMPLES"
 COORDINATOR_NAMESPACE = "albert"
 COLUMNS = [f.name for f in EXAMPLE_SCHEMA]
 
@@ -102,6 +105,7 @@ __all__ = [
     "accumulate_gradients",
     "train_step",
     "train_loop_per_worker",
+    "trace_step",
     "run_pretraining",
     "config_hash",
     "read_metrics",
@@ -480,6 +484,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     accumulation = t.accumulation
     per_epoch = config["steps_per_epoch"] * accumulation  # micro-batches each worker takes per epoch
     stop_after = config.get("stop_after_step")
+    trace = Path(config["trace_examples"]) / f"rank{rank}.jsonl" if config.get("trace_examples") else None
     started_at = state.step
     window_start, window_tokens = time.perf_counter(), 0
 
@@ -493,12 +498,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 _next_rows(rows_iter, state, rank)
             epoch = state.epoch
             while state.step < o.total_steps and state.epoch == epoch:
-                micro = [
-                    make_micro_batch(
-                        _next_rows(rows_iter, state, rank), seed=run.run.seed, epoch=epoch, ids=ids, data=run.data
-                    )
-                    for _ in range(accumulation)
-                ]
+                rows = [_next_rows(rows_iter, state, rank) for _ in range(accumulation)]
+                micro = [make_micro_batch(r, seed=run.run.seed, epoch=epoch, ids=ids, data=run.data) for r in rows]
                 step = state.step + 1
                 if t.dropout_removal_step and step >= t.dropout_removal_step and state.dropout != 0.0:
                     model.set_dropout(0.0)
@@ -516,6 +517,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     reduce_sum=reduce_sum,
                 )
                 state.step = step
+                if trace is not None:
+                    trace_step(trace, step=step, epoch=epoch, rank=rank, rows=rows)
                 state.batches_in_epoch += accumulation
                 if state.batches_in_epoch >= per_epoch:
                     state.epoch, state.batches_in_epoch = state.epoch + 1, 0
@@ -554,6 +557,21 @@ def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def trace_step(path: Path, *, step: int, epoch: int, rank: int, rows: Sequence[dict[str, np.ndarray]]) -> None:
+    """Append {"step", "epoch", "rank", "pid", "time", "example_ids"} for a trained step (ALBERT_TRACE_EXAMPLES).
+
+    One O_APPEND write per line, so lines of a worker killed mid-run are whole or absent.
+    """
+    ids = [int(i) for r in rows for i in r["example_id"]]
+    record = {"step": step, "epoch": epoch, "rank": rank, "pid": os.getpid(), "time": time.time(), "example_ids": ids}
+    line = json.dumps(record) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def _next_rows(rows_iter, state: TrainerState, rank: int) -> dict[str, np.ndarray]:
@@ -665,6 +683,9 @@ def run_pretraining(
         shutil.rmtree(ray_storage / config.run.name, ignore_errors=True)  # Ray would restore its old run state
     run_dir.mkdir(parents=True, exist_ok=True)
     stop_after = os.environ.get(STOP_ENV)
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        Path(trace).mkdir(parents=True, exist_ok=True)
 
     loop_config = {
         "run_config": config.to_dict(),
@@ -674,6 +695,7 @@ def run_pretraining(
         "coordinator": coordinator_name,
         "coordinator_namespace": COORDINATOR_NAMESPACE,
         "stop_after_step": int(stop_after) if stop_after else None,
+        "trace_examples": str(Path(trace).resolve()) if trace else None,
     }
     context = DataContext.get_current()
     saved_v2 = context.use_datasource_v2
