@@ -64,6 +64,10 @@ class TrainSection:
     backend: str = "cpu"  # cpu (gloo) | cuda (nccl) | xla
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     cpus_per_worker: int = 1
+    # Further Ray resources each worker holds besides its CPUs, e.g. {TPU = 4} or {GPU = 1} (CPUs: cpus_per_worker).
+    # With backend "xla" they also choose the PJRT runtime: TPU -> TPU, GPU -> CUDA, neither -> PJRT_DEVICE=CPU
+    # must be set in the driver's environment (services/train.py, `pjrt_device_for`).
+    resources_per_worker: dict[str, float] = field(default_factory=dict)
     log_every: int = 10
     checkpoint_every: int = 1000
     keep_last: int = 3
@@ -132,6 +136,14 @@ class RunConfig:
             raise ConfigError(f"train.backend: expected cpu, cuda or xla, got {t.backend!r}")
         if t.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision: expected fp32 or bf16, got {t.precision!r}")
+        for resource, amount in t.resources_per_worker.items():
+            if resource == "CPU":
+                raise ConfigError("train.resources_per_worker: CPU is set by train.cpus_per_worker, not here")
+            if not resource or isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
+                raise ConfigError(
+                    f"train.resources_per_worker: expected a resource name and a positive amount, got {resource!r} = "
+                    f"{amount!r}"
+                )
         if t.dropout_removal_step < 0:
             raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
         if o.name not in ("lamb", "adamw"):

@@ -38,6 +38,18 @@ to the run's coordinator actor when one is named. Without a coordinator, rank 0 
 S, so a resumed run never duplicates a step, and it keeps the newest `train.keep_last` checkpoints. With a
 coordinator, the coordinator owns metrics.jsonl and checkpoint retention.
 
+Backends. `cpu` and `cuda` run the step above in eager torch (gloo / nccl all-reduce). `xla` (TPU, or the PJRT
+CPU/CUDA runtimes) runs services/xla_backend: the driver picks the PJRT runtime (`pjrt_device_for`) and each worker
+sets it before torch_xla starts. The model moves to the XLA device before the optimizer is made. A background thread
+masks each micro-batch, pads it to a fixed shape (sequence buckets 128 and data.max_seq_length, micro_batch_size
+rows) and copies it to the device, reading exactly the micro-batches the CPU loop reads, so the data position and
+exact resume work as above. Each step is one compiled graph (`xla_train_step`, dropout seeded from the same
+`step_seed`); its statistics stay on the device and are read only when logged, with `xla_compiles` (graphs
+compiled so far) added to the metrics. Checkpoints are the same files: synced, then copied tensor by tensor to
+the CPU; a resume reads them on the CPU and copies them into the device model and optimizer. Gradients are summed
+over PJRT replicas (xm.all_reduce); a Ray Train worker is one replica, so more than one xla worker is refused
+unless the PJRT runtime reports as many replicas. Tested: 1 worker on PJRT CPU (tests/xla/test_xla_train.py).
+
 Ray Data reads the shards with its V1 Parquet path and `num_cpus=0` tasks. Its V2 path lists files in a task
 that asks for a whole CPU, and while the Train workers hold every CPU of a small machine (2 workers × 1 CPU on 2
 cores) that task never runs.
@@ -46,14 +58,18 @@ cores) that task never runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.util
+import itertools
 import json
 import logging
 import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +87,7 @@ from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import MODEL_FILE, SPECIAL_PIECES, TokenIds, Tokenizer
 from services.report import read_metrics
-from services.run_config import DataSection, RunConfig
+from services.run_config import DataSection, RunConfig, TrainSection
 from services.train_state import (
     TrainerState,
     checkpoint_dir,
@@ -107,6 +123,7 @@ __all__ = [
     "train_loop_per_worker",
     "trace_step",
     "run_pretraining",
+    "pjrt_device_for",
     "config_hash",
     "read_metrics",
 ]
@@ -271,7 +288,7 @@ class StepStats:
     pair_loss: torch.Tensor
     mlm_acc: torch.Tensor
     pair_acc: torch.Tensor
-    tokens: int  # real (non-pad) tokens in the global batch
+    tokens: int | torch.Tensor  # real (non-pad) tokens in the global batch (XLA: a device scalar)
     grad_norm: torch.Tensor | None = None
     lr: float = 0.0
 
@@ -429,13 +446,24 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     rank, world = context.get_world_rank(), context.get_world_size()
     if world != t.num_workers:
         raise RuntimeError(f"train.num_workers is {t.num_workers} but Ray started {world} workers")
-    device = ray.train.torch.get_device()
+    xla = _xla_backend(config["pjrt_device"]) if t.backend == "xla" else None
+    if xla is not None:
+        worker = xla.setup_xla_worker(config["pjrt_device"])
+        if worker.world_size != world:
+            raise RuntimeError(
+                f"train.num_workers: Ray started {world} workers but each one's PJRT {worker.runtime} runtime has "
+                f"{worker.world_size} replica(s), and gradients are summed over the PJRT replicas (xm.all_reduce): "
+                "run backend 'xla' with train.num_workers = 1, or start the workers as one PJRT multi-process job"
+            )
+        device = worker.device
+    else:
+        device = ray.train.torch.get_device()
     distributed = dist.is_available() and dist.is_initialized() and world > 1
     reduce_sum = _all_reduce_sum if distributed else None
     autocast_dtype = torch.bfloat16 if t.precision == "bf16" else None
 
     torch.manual_seed(run.run.seed)  # identical initial weights on every worker
-    model = AlbertForPreTraining(run.model_config(ids.vocab_size)).to(device)
+    model = AlbertForPreTraining(run.model_config(ids.vocab_size)).to(device)  # before the optimizer (XLA needs it)
     optimizer = make_optimizer(
         model,
         name=o.name,
@@ -464,7 +492,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         dropout=initial_dropout, config_hash=config_hash(run), world_size=world, micro_batch_size=t.micro_batch_size
     )
     if choice[0]:
-        state = load_train_state(choice[0], model, optimizer, scheduler)
+        load = load_train_state if xla is None else xla.load_xla_train_state  # XLA: files -> CPU -> device
+        state = load(choice[0], model, optimizer, scheduler)
         if (state.world_size, state.micro_batch_size) != (world, t.micro_batch_size):
             raise RuntimeError(
                 f"{choice[0]}: written by {state.world_size} workers x micro-batch {state.micro_batch_size}; "
@@ -486,55 +515,86 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     stop_after = config.get("stop_after_step")
     trace = Path(config["trace_examples"]) / f"rank{rank}.jsonl" if config.get("trace_examples") else None
     started_at = state.step
-    window_start, window_tokens = time.perf_counter(), 0
+    window_start, window_tokens = time.perf_counter(), []  # tokens per step (XLA: device scalars, read when logging)
+    buckets = tuple(sorted({min(128, run.data.max_seq_length), run.data.max_seq_length}))  # XLA sequence lengths
 
     while state.step < o.total_steps:
         batches = shard.iter_batches(
             batch_size=t.micro_batch_size, batch_format="numpy", drop_last=True, prefetch_batches=2
         )
         rows_iter = iter(batches)
+        loader = None
         try:
             for _ in range(state.batches_in_epoch):  # the part of this epoch consumed before the resume
                 _next_rows(rows_iter, state, rank)
             epoch = state.epoch
-            while state.step < o.total_steps and state.epoch == epoch:
-                rows = [_next_rows(rows_iter, state, rank) for _ in range(accumulation)]
-                micro = [make_micro_batch(r, seed=run.run.seed, epoch=epoch, ids=ids, data=run.data) for r in rows]
+            # The steps left in this epoch (or in the run, if it ends first), each `accumulation` micro-batches.
+            steps = min(per_epoch - state.batches_in_epoch, (o.total_steps - state.step) * accumulation) // accumulation
+            next_rows = functools.partial(_next_rows, rows_iter, state, rank)
+            masked = functools.partial(make_micro_batch, seed=run.run.seed, epoch=epoch, ids=ids, data=run.data)
+            if xla is None:
+                step_batches = _host_step_batches(next_rows, masked, steps, accumulation)
+            else:
+                static = functools.partial(
+                    xla.static_batches,
+                    buckets=buckets,
+                    batch_size=t.micro_batch_size,
+                    mask_prob=run.data.mask_prob,
+                    pad_id=ids.pad_id,
+                )
+                loader, step_batches = _xla_step_batches(xla, next_rows, masked, static, steps, accumulation, device)
+            for rows, micro in step_batches:
                 step = state.step + 1
                 if t.dropout_removal_step and step >= t.dropout_removal_step and state.dropout != 0.0:
                     model.set_dropout(0.0)
                     state.dropout = 0.0
-                model.train()
-                torch.manual_seed(step_seed(run.run.seed, rank, step))
-                stats = train_step(
-                    model,
-                    optimizer,
-                    scheduler,
-                    micro,
-                    grad_clip=o.grad_clip,
-                    device=device,
-                    autocast_dtype=autocast_dtype,
-                    reduce_sum=reduce_sum,
-                )
+                if xla is None:
+                    model.train()
+                    torch.manual_seed(step_seed(run.run.seed, rank, step))
+                    stats = train_step(
+                        model,
+                        optimizer,
+                        scheduler,
+                        micro,
+                        grad_clip=o.grad_clip,
+                        device=device,
+                        autocast_dtype=autocast_dtype,
+                        reduce_sum=reduce_sum,
+                    )
+                else:
+                    stats = _xla_train_step(
+                        xla,
+                        model,
+                        optimizer,
+                        scheduler,
+                        micro,
+                        grad_clip=o.grad_clip,
+                        precision=t.precision,
+                        seed=step_seed(run.run.seed, rank, step),
+                    )
                 state.step = step
                 if trace is not None:
                     trace_step(trace, step=step, epoch=epoch, rank=rank, rows=rows)
                 state.batches_in_epoch += accumulation
                 if state.batches_in_epoch >= per_epoch:
                     state.epoch, state.batches_in_epoch = state.epoch + 1, 0
-                window_tokens += stats.tokens
+                window_tokens.append(stats.tokens)
 
                 is_last = step == o.total_steps
                 save = step % t.checkpoint_every == 0 or is_last
                 if step % t.log_every == 0 or save:
+                    tokens = sum(int(n) for n in window_tokens)
                     now = time.perf_counter()
-                    metrics = _metrics(step, epoch, stats, window_tokens / max(now - window_start, 1e-9), state)
-                    window_start, window_tokens = now, 0
+                    metrics = _metrics(step, epoch, stats, tokens / max(now - window_start, 1e-9), state)
+                    window_start, window_tokens = now, []
+                    if xla is not None:
+                        metrics["xla_compiles"] = xla.compile_count()  # grows only when a new graph appears
                     state.metrics = metrics
                     _publish(rank, metrics, metrics_path, coordinator)
                     checkpoint = None
                     if save and rank == 0:
-                        path = save_train_state(checkpoint_dir(checkpoints, step), model, optimizer, scheduler, state)
+                        save_state = save_train_state if xla is None else xla.save_xla_train_state  # via CPU copies
+                        path = save_state(checkpoint_dir(checkpoints, step), model, optimizer, scheduler, state)
                         if coordinator is not None:
                             coordinator.checkpoint_saved.remote(step, str(path), metrics)
                         else:
@@ -547,9 +607,80 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 if stop_after == step and step > started_at:
                     raise SimulatedCrash(f"{STOP_ENV}={stop_after}: stopping after step {step} to simulate a crash")
         finally:
+            if loader is not None:
+                loader.close()  # stops its reading thread before the rows iterator closes
             close = getattr(rows_iter, "close", None)
             if close is not None:
                 close()
+
+
+def _host_step_batches(
+    next_rows: Callable[[], dict[str, np.ndarray]],
+    masked: Callable[[dict[str, np.ndarray]], dict[str, torch.Tensor]],
+    steps: int,
+    accumulation: int,
+) -> Iterator[tuple[list[dict[str, np.ndarray]], list[dict[str, torch.Tensor]]]]:
+    """(rows, masked micro-batches) for each of `steps` steps, read and masked when the step asks for them."""
+    for _ in range(steps):
+        rows = [next_rows() for _ in range(accumulation)]
+        yield rows, [masked(r) for r in rows]
+
+
+def _xla_backend(pjrt_device: str):
+    """services.xla_backend, imported once PJRT_DEVICE is set: torch_xla reads it when first imported."""
+    os.environ["PJRT_DEVICE"] = pjrt_device
+    from services import xla_backend
+
+    return xla_backend
+
+
+def _xla_step_batches(xla, next_rows, masked, static, steps: int, accumulation: int, device):
+    """(loader, iterator of (rows, micro-batches on the device)) for `steps` steps of the XLA loop.
+
+    A background thread reads, masks and pads (`static`) the micro-batches and copies them to the device ahead of
+    the step (`xla.device_loader`). It reads exactly steps x accumulation micro-batches, as the host loop does, so
+    the data position stays exact. The rows go through a FIFO beside the loader, for ALBERT_TRACE_EXAMPLES.
+    """
+    rows_read: deque[dict[str, np.ndarray]] = deque()
+
+    def host() -> Iterator[dict[str, torch.Tensor]]:
+        for _ in range(steps * accumulation):
+            rows = next_rows()
+            rows_read.append(rows)
+            yield masked(rows)
+
+    loader = xla.device_loader(static(host()), device)
+
+    def groups():
+        for step in range(steps):
+            micro = list(itertools.islice(loader, accumulation))
+            if len(micro) < accumulation:
+                raise RuntimeError(
+                    f"the XLA device loader ended at micro-batch {len(micro)} of step {step + 1}/{steps}"
+                )
+            yield [rows_read.popleft() for _ in micro], micro
+
+    return loader, groups()
+
+
+def _xla_train_step(
+    xla, model, optimizer, scheduler, micro, *, grad_clip: float, precision: str, seed: int
+) -> StepStats:
+    """One `xla.xla_train_step`; its statistics stay device tensors until the loop logs them."""
+    lr = optimizer.param_groups[0]["lr"]  # the rate this step applies (the scheduler steps inside)
+    stats = xla.xla_train_step(
+        model, optimizer, micro, scheduler=scheduler, max_grad_norm=grad_clip, precision=precision, seed=seed
+    )
+    return StepStats(
+        loss=stats.loss,
+        mlm_loss=stats.mlm_loss,
+        pair_loss=stats.pair_loss,
+        mlm_acc=stats.mlm_acc,
+        pair_acc=stats.pair_acc,
+        tokens=stats.tokens,
+        grad_norm=stats.grad_norm,
+        lr=lr,
+    )
 
 
 def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -632,6 +763,42 @@ def _resume_point(coordinator, checkpoints: Path) -> Path | None:
 # the driver
 
 
+def pjrt_device_for(train: TrainSection, environ: Mapping[str, str] = os.environ) -> str:
+    """The PJRT runtime of backend "xla" workers (TPU, CUDA or CPU), decided on the driver before any starts.
+
+    The resources the workers hold decide it: TPU in `train.resources_per_worker` -> TPU, GPU -> CUDA. The
+    driver's own PJRT_DEVICE does not override them: the TPU cluster recipes set PJRT_DEVICE=CPU on the head
+    node, where the driver runs, and TPU on the TPU hosts. Without accelerator resources the workers use the PJRT
+    CPU runtime, but only when that is asked for with PJRT_DEVICE=CPU in the driver's environment (tests, a
+    laptop), so a TPU run that forgot its resources fails here instead of training on CPUs. The chosen value goes
+    to the workers in the loop config; each sets PJRT_DEVICE before it imports torch_xla.
+    """
+    resources = train.resources_per_worker
+    tpu, gpu = resources.get("TPU", 0) > 0, resources.get("GPU", 0) > 0
+    if tpu and gpu:
+        raise ConfigError("train.resources_per_worker: both TPU and GPU; backend 'xla' runs on one PJRT runtime")
+    if tpu:
+        return "TPU"
+    if gpu:
+        return "CUDA"
+    asked = environ.get("PJRT_DEVICE", "").strip().upper()
+    if asked == "CPU":
+        return "CPU"
+    if not asked:
+        raise ConfigError(
+            "train.resources_per_worker: backend 'xla' with no TPU or GPU per worker would run on the PJRT CPU "
+            "runtime, which is used only when asked for: set PJRT_DEVICE=CPU in the driver's environment, or give "
+            "the workers accelerators, e.g. resources_per_worker = {TPU = 4}"
+        )
+    if asked in ("TPU", "CUDA"):
+        wanted = "TPU" if asked == "TPU" else "GPU"
+        raise ConfigError(
+            f"train.resources_per_worker: PJRT_DEVICE={asked} in the driver's environment but the workers hold no "
+            f"{wanted}; add it, e.g. resources_per_worker = {{{wanted} = 1}}"
+        )
+    raise ConfigError(f"PJRT_DEVICE: expected CPU, TPU or CUDA in the driver's environment, got {asked!r}")
+
+
 @dataclass
 class TrainResult:
     run_dir: Path
@@ -662,8 +829,14 @@ def run_pretraining(
 
     config.validate()
     t = config.train
+    pjrt_device = None
     if t.backend == "xla":
-        raise NotImplementedError("train.backend = 'xla': the XLA/TPU loop is not implemented yet; use cpu or cuda")
+        if importlib.util.find_spec("torch_xla") is None:
+            raise ConfigError(
+                "train.backend: 'xla' needs torch_xla (torch-xla 2.9 with torch 2.9.0) on the driver and every worker; "
+                "scripts/xla_venv.sh builds that virtualenv, the TPU cluster recipes install it on every node"
+            )
+        pjrt_device = pjrt_device_for(t)
     if shards_dir is None:
         if not config.data.shards:
             raise ConfigError("data.shards: empty; point it at a preprocess output directory")
@@ -695,6 +868,7 @@ def run_pretraining(
         "coordinator": coordinator_name,
         "coordinator_namespace": COORDINATOR_NAMESPACE,
         "stop_after_step": int(stop_after) if stop_after else None,
+        "pjrt_device": pjrt_device,
         "trace_examples": str(Path(trace).resolve()) if trace else None,
     }
     context = DataContext.get_current()
@@ -709,14 +883,21 @@ def run_pretraining(
             dataset.context.enable_progress_bars = False  # one bar per epoch per worker is noise in the logs
     finally:
         context.use_datasource_v2 = saved_v2
-    use_gpu = t.backend == "cuda"
+    resources = {"CPU": t.cpus_per_worker, **t.resources_per_worker}
+    use_gpu = t.backend == "cuda" or resources.get("GPU", 0) > 0
+    tpu = {"use_tpu": True} if resources.get("TPU", 0) > 0 else {}  # Ray refuses a TPU resource without it
+    try:
+        scaling = ray.train.ScalingConfig(
+            num_workers=t.num_workers, use_gpu=use_gpu, resources_per_worker=resources, **tpu
+        )
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"train.resources_per_worker: Ray does not accept {resources} per worker ({err})") from None
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=t.num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": t.cpus_per_worker}
-        ),
+        # XLA sums gradients with its own collectives; gloo carries the loop's control messages (resume choice).
+        torch_config=TorchConfig(backend="nccl" if t.backend == "cuda" else "gloo"),
+        scaling_config=scaling,
         run_config=ray.train.RunConfig(
             name=config.run.name,
             storage_path=str(ray_storage),

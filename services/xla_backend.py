@@ -12,19 +12,23 @@ its shape and structure from step to step:
 With these, a run compiles one training graph per bucket, plus one for its very first step (the optimizer
 state is created inside it). A learning rate of exactly 0 or 1 is baked into the graph as a constant (other
 values are graph inputs), so a schedule that ends at 0 adds one graph per bucket for its last steps.
-`compile_count` counts them. The train loop (services/train.py) calls, per worker:
+`compile_count` counts them. The train loop (services/train.py, train.backend = "xla") does, per worker:
 
-    worker = setup_xla_worker()                     # PJRT runtime from PJRT_DEVICE, device, rank/world
+    worker = setup_xla_worker(pjrt_device)          # PJRT runtime (the driver chose it), device, rank/world
     model.to(worker.device); optimizer = make_optimizer(model, ...)   # optimizer after the move
-    batches = static_batches(mlm_batches, buckets=(128, 512), batch_size=micro_batch_size)
-    for micro_batches in accumulation groups of device_loader(batches, worker.device):
-        stats = xla_train_step(model, optimizer, micro_batches, scheduler=scheduler, precision=..., seed=...)
-        if step % log_every == 0: log({k: v.item() ...})             # the only host reads
-    save_xla_model(directory, model)                # on every worker; rank 0 writes
+    state = load_xla_train_state(checkpoint, model, optimizer, scheduler)   # on resume: files -> CPU -> device
+    batches = static_batches(mlm_batches, buckets=(128, max_seq_length), batch_size=micro_batch_size)
+    with device_loader(batches, worker.device) as loader:
+        for micro_batches in accumulation groups of loader:
+            stats = xla_train_step(model, optimizer, micro_batches, scheduler=scheduler, precision=..., seed=...)
+            if step % log_every == 0: log({k: v.item() ...})             # the only host reads
+            if step % checkpoint_every == 0: save_xla_train_state(directory, model, optimizer, scheduler, state)
 
 Data parallelism sums gradients over the PJRT runtime's `xr.world_size()` replicas with `xm.all_reduce` inside
-the step (not over torch.distributed). XLA:CPU has no working cross-device collectives (pytorch/xla#5005), so
-only world_size 1 is tested here.
+the step (not over torch.distributed). A process that PJRT did not start as one of several replicas (a Ray Train
+worker is such a process) has world size 1, so the train loop refuses more than one worker unless the runtime
+reports as many replicas as Ray started workers. XLA:CPU has no working cross-device collectives
+(pytorch/xla#5005), so only world_size 1 is tested here.
 
 Requires torch-xla 2.9 with torch 2.9 (scripts/xla_venv.sh builds that virtualenv).
 """
@@ -58,6 +62,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 from albert_core.checkpoint import save_model
 from albert_core.masking import IGNORE_INDEX
 from albert_core.model import AlbertForPreTraining
+from services.train_state import TrainerState, load_train_state, save_train_state
 
 PJRT_DEVICES = ("TPU", "CPU", "CUDA")
 PRECISIONS = ("fp32", "bf16")
@@ -218,9 +223,50 @@ def static_batches(
         )
 
 
-def device_loader(batches: Iterable[dict[str, Tensor]], device: torch.device) -> pl.MpDeviceLoader:
-    """Batches of CPU tensors moved to the XLA device by a background thread, overlapping the step."""
-    return pl.MpDeviceLoader(batches, device)
+class DeviceLoader:
+    """Batches of CPU tensors moved to the XLA device by background threads, overlapping the step.
+
+    torch_xla's ParallelLoader reads `batches` in one thread and copies them to the device in another. An error
+    raised while producing a batch ends its iteration silently; here it is raised where the batches are read,
+    after the batches produced before it. `close()` (or leaving a `with` block) stops the threads, e.g. when the
+    loop stops early; the source iterator is no longer read once it returns.
+    """
+
+    def __init__(self, batches: Iterable[dict[str, Tensor]], device: torch.device, **loader_options):
+        self._error: BaseException | None = None
+        self._loader = pl.ParallelLoader(self._guarded(batches), [device], **loader_options)
+        self._batches = self._loader.per_device_loader(device)
+
+    def _guarded(self, batches: Iterable[dict[str, Tensor]]) -> Iterator[dict[str, Tensor]]:
+        try:
+            yield from batches
+        except Exception as err:  # raised again in the reading thread by __next__
+            self._error = err
+
+    def __iter__(self) -> DeviceLoader:
+        return self
+
+    def __next__(self) -> dict[str, Tensor]:
+        try:
+            return next(self._batches)
+        except StopIteration:
+            if self._error is not None:
+                raise self._error from None
+            raise
+
+    def close(self) -> None:
+        self._loader.close()
+
+    def __enter__(self) -> DeviceLoader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def device_loader(batches: Iterable[dict[str, Tensor]], device: torch.device) -> DeviceLoader:
+    """Batches of CPU tensors moved to the XLA device by background threads, overlapping the step."""
+    return DeviceLoader(batches, device)
 
 
 # --- the step ------------------------------------------------------------------------------------------
@@ -387,3 +433,36 @@ def save_xla_model(directory: str | Path, model: nn.Module, *, rank: int | None 
     if rank != 0:
         return None
     return save_model(directory, model)  # copies each tensor to the CPU before writing
+
+
+def save_xla_train_state(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    state: TrainerState,
+) -> Path:
+    """A training checkpoint (services.train_state) of a model and optimizer on the XLA device, on rank 0.
+
+    Pending device work is synced first, so the copies read finished values; save_train_state then copies each
+    weight and optimizer tensor to the CPU and writes the same files as a CPU run (plain torch reads them).
+    """
+    torch_xla.sync()
+    return save_train_state(directory, model, optimizer, scheduler, state)
+
+
+def load_xla_train_state(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+) -> TrainerState:
+    """Resume a model and optimizer already on the XLA device from a training checkpoint.
+
+    The files are verified and read on the CPU; the weights are copied into the device parameters and the
+    optimizer's load_state_dict moves its state to its parameters' device. One sync then materializes them, so
+    the first training step's graph does not carry the copies.
+    """
+    state = load_train_state(directory, model, optimizer, scheduler)
+    torch_xla.sync()
+    return state

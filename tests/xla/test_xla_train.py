@@ -1,0 +1,283 @@
+"""train.backend = "xla" end to end: real Ray Train runs (1 worker, PJRT CPU) of the pretraining loop.
+
+The same tiny run on backend cpu and backend xla takes the same steps (dropout 0: the two RNGs differ), its
+checkpoints load with plain torch, and a crashed xla run resumed from its checkpoint (read on the CPU, copied to the
+device) repeats the uninterrupted run's steps, through dropout removal. One worker only: XLA:CPU has no
+cross-device collectives, so the multi-replica all-reduce is not exercised here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "torch_xla", reason="torch_xla is not installed: run the XLA tier with scripts/test_xla.sh (its own venv)"
+)
+pytest.importorskip("ray", reason="the XLA venv lacks ray: rebuild it with scripts/xla_venv.sh")
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from albert_core.checkpoint import load_model  # noqa: E402
+from albert_core.config import ConfigError  # noqa: E402
+from albert_core.shards import EXAMPLE_SCHEMA, example_id  # noqa: E402
+from services.run_config import RunConfig, TrainSection  # noqa: E402
+from services.train import STOP_ENV, pjrt_device_for, read_metrics, run_pretraining  # noqa: E402
+from services.train_state import latest_good, list_checkpoints, verify  # noqa: E402
+
+VOCAB = 96
+SEQ = 136  # buckets (128, 136): rows of 8..136 tokens make steps of both widths
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0)
+MODEL = dict(
+    embedding_size=32,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=160,
+)
+# Absolute, on losses of ~5 and weights of ~0.1 (float32 sums in another order; measured ~1e-6).
+LOSS_TOLERANCE = 1e-4
+WEIGHT_TOLERANCE = 1e-4
+
+
+def write_shards(root: Path, file_rows=(16, 16), seed: int = 0) -> Path:
+    """Real Parquet shards in EXAMPLE_SCHEMA: [CLS] A [SEP] B [SEP] rows of 8 to SEQ random word pieces."""
+    rng = np.random.default_rng(seed)
+    (root / "train").mkdir(parents=True)
+    for shard, n_rows in enumerate(file_rows):
+        rows = {name: [] for name in EXAMPLE_SCHEMA.names}
+        for row in range(n_rows):
+            length = int(rng.integers(8, SEQ + 1))
+            n_a = int(rng.integers(1, length - 4))
+            n_b = length - n_a - 3
+            ids = [2, *rng.integers(5, VOCAB, n_a), 3, *rng.integers(5, VOCAB, n_b), 3]
+            starts = rng.random(length) < 0.7
+            starts[[0, 1, n_a + 1, n_a + 2, length - 1]] = True
+            rows["example_id"].append(example_id(shard, row))
+            rows["input_ids"].append(ids)
+            rows["token_type_ids"].append([0] * (n_a + 2) + [1] * (n_b + 1))
+            rows["word_starts"].append(starts.tolist())
+            rows["pair_label"].append(int(rng.integers(0, 2)))
+        pq.write_table(pa.table(rows, schema=EXAMPLE_SCHEMA), root / "train" / f"shard-{shard:05d}.parquet")
+    (root / "manifest.json").write_text(json.dumps({"vocab_size": VOCAB}))
+    return root
+
+
+def run_config(output: Path, shards: Path, name: str, *, backend: str, dropout: bool = False) -> RunConfig:
+    """1 worker x micro-batch 4 x accumulation 2; 32 rows = 4 steps per epoch; 6 steps cross into epoch 1."""
+    return RunConfig.from_dict(
+        {
+            "run": {"name": name, "output_dir": str(output), "seed": 11},
+            "model": {"preset": "albert-tiny", "overrides": {**MODEL, **({} if dropout else NO_DROPOUT)}},
+            "data": {"shards": str(shards), "max_seq_length": SEQ},
+            "optim": {"lr": 0.01, "warmup_steps": 2, "total_steps": 6},
+            "train": {
+                "backend": backend,
+                "global_batch_size": 8,
+                "micro_batch_size": 4,
+                "num_workers": 1,
+                "log_every": 1,
+                "checkpoint_every": 3,
+                "keep_last": 3,
+                "dropout_removal_step": 5 if dropout else 0,
+                "max_failures": 0,
+            },
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only test cluster
+    assert os.environ.get("PJRT_DEVICE") == "CPU"  # tests/xla/conftest.py: the driver asks for PJRT CPU
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_shards(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def cpu_and_xla(ray_cluster, shards, tmp_path_factory):
+    out = tmp_path_factory.mktemp("parity")
+    return {
+        backend: run_pretraining(run_config(out, shards, backend, backend=backend), resume=False)
+        for backend in ("cpu", "xla")
+    }
+
+
+@pytest.fixture(scope="module")
+def xla_crashed_then_resumed(ray_cluster, shards, tmp_path_factory):
+    """Dropout 0.1 until step 5; stopped after step 5 (checkpoint at 3: steps 4-5 lost), then resumed to step 6.
+
+    The crashed run's own steps 1-5 are the reference for the resumed run's steps 4-5 (one Ray run less than an
+    uninterrupted run would cost): resuming mid-epoch 1 redoes them from the checkpoint, and removes dropout at 5.
+    """
+    config = run_config(tmp_path_factory.mktemp("resume"), shards, "crashy", backend="xla", dropout=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(STOP_ENV, "5")
+        with pytest.raises(Exception, match=STOP_ENV):
+            run_pretraining(config, resume=False)
+    crashed = read_metrics(config.run_dir / "metrics.jsonl")
+    resumed = run_pretraining(config, resume=True)
+    return crashed, resumed
+
+
+def step_table(records, keys=("loss", "mlm_loss", "pair_loss", "grad_norm", "mlm_acc", "pair_acc")) -> np.ndarray:
+    return np.array([[r[k] for k in keys] for r in records])
+
+
+# --- driver-side choices (no Ray) ----------------------------------------------------------------------
+
+
+def test_tpu_resources_choose_the_tpu_runtime_whatever_the_driver_env_says():
+    train = TrainSection(backend="xla", resources_per_worker={"TPU": 4})
+    assert pjrt_device_for(train, {"PJRT_DEVICE": "CPU"}) == "TPU"  # the TPU cluster's head sets CPU
+
+
+def test_gpu_resources_choose_the_cuda_runtime():
+    assert pjrt_device_for(TrainSection(backend="xla", resources_per_worker={"GPU": 1}), {}) == "CUDA"
+
+
+def test_the_cpu_runtime_is_used_only_when_pjrt_device_asks_for_it():
+    train = TrainSection(backend="xla")
+    assert pjrt_device_for(train, {"PJRT_DEVICE": "cpu"}) == "CPU"
+    with pytest.raises(ConfigError, match="train.resources_per_worker: .* set PJRT_DEVICE=CPU"):
+        pjrt_device_for(train, {})
+
+
+def test_pjrt_device_tpu_without_tpu_resources_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match="train.resources_per_worker: PJRT_DEVICE=TPU .* hold no TPU"):
+        pjrt_device_for(TrainSection(backend="xla"), {"PJRT_DEVICE": "TPU"})
+
+
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        ({"CPU": 2}, "train.resources_per_worker: CPU is set by train.cpus_per_worker"),
+        ({"TPU": 0}, "train.resources_per_worker: expected a resource name and a positive amount, got 'TPU' = 0"),
+        ({"TPU": "4"}, "got 'TPU' = '4'"),
+    ],
+)
+def test_bad_resources_per_worker_are_rejected_naming_the_field(resources, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.from_dict({"train": {"backend": "xla", "resources_per_worker": resources}})
+
+
+# --- the device loader the loop reads through (no Ray) ---------------------------------------------------
+
+
+def cpu_batches(n: int, fail_at: int | None = None):
+    for i in range(n):
+        if i == fail_at:
+            raise ValueError(f"example {i}: damaged row")
+        yield {"input_ids": torch.full((2, 4), i, dtype=torch.int64)}
+
+
+def test_device_loader_raises_the_error_of_its_source_after_the_batches_before_it():
+    from services.xla_backend import device_loader, setup_xla_worker
+
+    device = setup_xla_worker().device
+    got = []
+    with device_loader(cpu_batches(5, fail_at=3), device) as loader:
+        with pytest.raises(ValueError, match="example 3: damaged row"):
+            for batch in loader:
+                got.append(int(batch["input_ids"][0, 0].item()))
+    assert got == [0, 1, 2]
+
+
+def test_device_loader_closed_early_stops_reading_its_source():
+    from services.xla_backend import device_loader, setup_xla_worker
+
+    device = setup_xla_worker().device
+    read = []
+
+    def source():
+        for batch in cpu_batches(1000):
+            read.append(batch)
+            yield batch
+
+    loader = device_loader(source(), device)
+    next(loader)
+    loader.close()
+    after_close = len(read)
+    time.sleep(0.3)
+    assert len(read) == after_close  # the reading thread has ended: nothing more is read
+    assert after_close < 100  # it had read ahead only its bounded prefetch (16 + 8 batches by default)
+
+
+# --- real runs -----------------------------------------------------------------------------------------
+
+
+def test_xla_run_takes_the_same_steps_as_the_cpu_run(cpu_and_xla):
+    cpu = read_metrics(cpu_and_xla["cpu"].metrics_file)
+    xla = read_metrics(cpu_and_xla["xla"].metrics_file)
+    assert [r["step"] for r in xla] == [r["step"] for r in cpu] == list(range(1, 7))
+    assert [r["epoch"] for r in xla] == [0] * 4 + [1] * 2
+    assert [r["lr"] for r in xla] == [r["lr"] for r in cpu]
+    a, b = step_table(cpu), step_table(xla)
+    diff = np.abs(a - b).max(axis=0)
+    print(f"\ncpu loss {a[:, 0].round(6).tolist()}\nxla loss {b[:, 0].round(6).tolist()}")
+    print(f"max |diff| loss {diff[0]:.2e} mlm {diff[1]:.2e} pair {diff[2]:.2e} grad norm {diff[3]:.2e} acc {diff[4]}")
+    assert np.ptp(a[:, 0]) > 100 * LOSS_TOLERANCE  # steps differ far more than the tolerance: matching is not trivial
+    assert diff[:3].max() <= LOSS_TOLERANCE
+    assert diff[3] <= LOSS_TOLERANCE * a[:, 3].max()
+    assert diff[4:].max() <= 1 / 50  # accuracies: at most one argmax of ~60 masked tokens may flip
+
+
+def test_xla_run_compiles_a_bounded_number_of_graphs(cpu_and_xla):
+    compiles = [r["xla_compiles"] for r in read_metrics(cpu_and_xla["xla"].metrics_file)]
+    print(f"\ngraphs compiled after each step: {compiles}")
+    # first step (creates the optimizer state) + one per pair of micro-batch buckets (128|136 x 128|136)
+    assert compiles[-1] <= 1 + 4
+    assert compiles == sorted(compiles)
+
+
+def test_xla_checkpoints_load_with_plain_torch_and_match_the_cpu_run(cpu_and_xla):
+    cpu, xla = cpu_and_xla["cpu"], cpu_and_xla["xla"]
+    assert xla.step == 6 and [s for s, _ in list_checkpoints(xla.run_dir / "checkpoints")] == [6, 3]
+    verify(xla.checkpoint)
+    weights = load_file(str(xla.checkpoint / "model.safetensors"))  # plain safetensors -> CPU torch tensors
+    reference = load_file(str(cpu.checkpoint / "model.safetensors"))
+    assert weights.keys() == reference.keys()
+    assert all(t.device.type == "cpu" for t in weights.values())
+    worst = max((weights[k] - reference[k]).abs().max().item() for k in reference)
+    at_3 = load_file(str(xla.run_dir / "checkpoints" / "step_00000003" / "model.safetensors"))
+    moved = max((weights[k] - at_3[k]).abs().max().item() for k in at_3)
+    print(f"\nmax |weight diff| xla vs cpu after 6 steps: {worst:.2e}; max change from step 3 to 6: {moved:.2e}")
+    assert moved > 100 * WEIGHT_TOLERANCE  # the weights really move: matching is not trivial
+    assert worst <= WEIGHT_TOLERANCE
+    optimizer = load_file(str(xla.checkpoint / "optimizer.safetensors"))
+    assert optimizer.keys() == load_file(str(cpu.checkpoint / "optimizer.safetensors")).keys()
+    model = load_model(xla.checkpoint)  # albert_core, on the CPU
+    assert all(torch.equal(model.state_dict()[k], weights[k]) for k in weights if k in model.state_dict())
+
+
+def test_crashed_xla_run_resumes_from_its_checkpoint_and_repeats_the_lost_steps(xla_crashed_then_resumed):
+    crashed, resumed = xla_crashed_then_resumed
+    assert [r["step"] for r in crashed] == [1, 2, 3, 4, 5]
+    records = read_metrics(resumed.metrics_file)
+    assert [r["step"] for r in records] == list(range(1, 7))  # 4 and 5 replaced, not duplicated
+    assert [r["dropout"] for r in records] == [0.1] * 4 + [0.0] * 2  # removed at step 5, after the resume at 3
+    before, after = step_table(crashed[3:5]), step_table(records[3:5])
+    print(f"\nsteps 4-5 loss before the crash {before[:, 0].tolist()}, after the resume {after[:, 0].tolist()}")
+    assert np.abs(before - after).max() <= LOSS_TOLERANCE
+    assert resumed.step == 6 and latest_good(resumed.run_dir / "checkpoints") == resumed.checkpoint
+    assert np.isfinite(records[-1]["loss"])
