@@ -189,24 +189,35 @@ LIMIT = 8 << 20  # peak memory allowed for reading it: a few 1 MiB read chunks a
 
 @pytest.fixture(scope="module")
 def huge_line_files(tmp_path_factory) -> dict[str, Path]:
-    """One 32 MB line: plain, inside a JSONL record, and gzip-compressed."""
+    """One 32 MB line: plain, inside a JSONL record, gzip-compressed, and as the wikitext of a one-line export."""
     root = tmp_path_factory.mktemp("huge")
     line = b"word " * (HUGE // 5)
     (root / "line.txt").write_bytes(line)
     (root / "record.jsonl").write_bytes(b'{"text": "' + line + b'"}\n' + b'{"text": "a small one"}\n')
     (root / "line.txt.gz").write_bytes(gzip.compress(line, compresslevel=1))
+    head = b'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/"><page><title>Huge</title><ns>0</ns>'
+    small = b"<page><title>Small</title><ns>0</ns><revision><text>a small one.</text></revision></page>"
+    (root / "page.xml").write_bytes(
+        head + b"<revision><text>" + line + b"</text></revision></page>" + small + b"</mediawiki>"
+    )
     return {p.name: p for p in root.iterdir()}
 
 
 @pytest.mark.parametrize(
     ("name", "split"),
-    [("line.txt", "file"), ("line.txt", "blank_line"), ("record.jsonl", "file"), ("line.txt.gz", "file")],
+    [
+        ("line.txt", "file"),
+        ("line.txt", "blank_line"),
+        ("record.jsonl", "file"),
+        ("line.txt.gz", "file"),
+        ("page.xml", "file"),
+    ],
 )
 def test_a_32_mb_single_line_is_skipped_as_too_long_reading_a_few_mb(huge_line_files, name, split):
     peak, out = peak_bytes_reading(huge_line_files[name], split=split, max_document_chars=100_000)
     assert out[0].reason == "too_long"
-    if name == "record.jsonl":
-        assert [r.text for r in out[1:]] == ["a small one"]  # the reader goes on after the long line
+    if name in ("record.jsonl", "page.xml"):
+        assert [r.text for r in out[1:]] == ["a small one" + "." * (name == "page.xml")]  # and goes on after it
     assert peak < LIMIT, f"{name}: peak {peak / 2**20:.1f} MiB to read a {HUGE >> 20} MiB line"
 
 
