@@ -84,6 +84,13 @@ class Coordinator:
         self.config = RunConfig.from_dict(config_dict, source="coordinator config")
         self.heldout_path = heldout_path
         self.intrinsic = IntrinsicOptions.from_run_config(self.config)
+        e = self.config.eval
+        self.downstream = {
+            "tasks": list(e.tasks),
+            "task_data": dict(e.task_data),
+            "seeds": e.task_seeds,
+            "max_steps": e.task_max_steps,
+        }
         self.evaluator_options = {"num_cpus": 1, **(evaluator_options or {})}
         self.state = self._load_state(config_dict)
         self._running: dict[int, tuple[ray.ObjectRef, Any]] = {}  # step -> (result ref, evaluator actor)
@@ -226,7 +233,7 @@ class Coordinator:
                 namespace=NAMESPACE,
                 max_restarts=0,
                 **self.evaluator_options,
-            ).remote(self.heldout_path, options_dict(self.intrinsic))
+            ).remote(self.heldout_path, options_dict(self.intrinsic), None, self.downstream)
             self._running[step] = (evaluator.evaluate.remote(entry["path"], step), evaluator)
         except (RayError, ValueError) as err:  # e.g. a name still held by a dead evaluator
             self._finish_failed(entry, f"could not launch an evaluator: {err}")

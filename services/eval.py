@@ -101,6 +101,29 @@ def check_tasks(tasks: Sequence[str], task_data: dict[str, str]) -> None:
             raise ValueError(f"eval.task_data: no data directory for downstream task {task!r}")
 
 
+def downstream_metrics(
+    task: str, checkpoint: str | Path, data_dir: str, *, seeds: int = 0, max_steps: int = 0
+) -> dict[str, Any]:
+    """One downstream task's metrics for a checkpoint; seeds / max_steps (0: the task's protocol) shape the
+    built-in fine-tuning tasks."""
+    from services.finetune import TASKS, downstream_evaluator
+
+    if (seeds or max_steps) and task in TASKS:
+        overrides = {"max_steps": max_steps} if max_steps else None
+        return downstream_evaluator(task, seeds=seeds or None, overrides=overrides)(str(checkpoint), data_dir)
+    return DOWNSTREAM_TASKS[task](str(checkpoint), data_dir)
+
+
+def flat_task_metrics(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """{"sst2": {"acc": 0.9}} -> {"task/sst2/acc": 0.9}: one flat metrics line, as the report reads it."""
+    return {
+        f"task/{task}/{name}": value
+        for task, metrics in tasks.items()
+        for name, value in metrics.items()
+        if isinstance(value, (int, float))
+    }
+
+
 # --- evaluation ------------------------------------------------------------------------------------------------
 
 
@@ -170,7 +193,7 @@ def evaluate_checkpoint(
         **metrics,
     }
     if tasks:
-        result["tasks"] = {task: DOWNSTREAM_TASKS[task](str(path), task_data[task]) for task in tasks}
+        result["tasks"] = {task: downstream_metrics(task, path, task_data[task]) for task in tasks}
     result["time"] = time.time()
     result["seconds"] = result["time"] - started
     return result
@@ -180,13 +203,22 @@ def evaluate_checkpoint(
 class IntrinsicEvaluator:
     """One evaluation worker: reads the held-out documents once, then evaluates checkpoint directories."""
 
-    def __init__(self, heldout_path: str, options: dict[str, Any] | None = None, token_ids: TokenIds | None = None):
+    def __init__(
+        self,
+        heldout_path: str,
+        options: dict[str, Any] | None = None,
+        token_ids: TokenIds | None = None,
+        downstream: dict[str, Any] | None = None,
+    ):
+        """downstream: {"tasks": [...], "task_data": {task: dir}, "seeds": n, "max_steps": n} (eval.* of the run)."""
         from albert_core.evaluation import read_heldout
 
         self.heldout_path = heldout_path
         self.documents = read_heldout(heldout_path)
         self.options = IntrinsicOptions(**(options or {}))
         self.token_ids = token_ids
+        self.downstream = downstream or {"tasks": []}
+        check_tasks(self.downstream["tasks"], self.downstream.get("task_data", {}))
 
     def evaluate(self, checkpoint_path: str, step: int | None = None) -> dict[str, Any]:
         started = time.time()
@@ -194,6 +226,14 @@ class IntrinsicEvaluator:
         if ray.get_gpu_ids():  # launched with num_gpus: evaluate on the GPU Ray assigned
             model = model.to("cuda")
         metrics = evaluate_model(model, self.documents, self.options, self.token_ids)
+        d = self.downstream
+        tasks = {
+            task: downstream_metrics(
+                task, checkpoint_path, d["task_data"][task], seeds=d.get("seeds", 0), max_steps=d.get("max_steps", 0)
+            )
+            for task in d["tasks"]
+        }
+        metrics.update(flat_task_metrics(tasks))
         finished = time.time()
         step = step if step is not None else checkpoint_step(checkpoint_path)
         return {"step": step, "checkpoint": checkpoint_path, **metrics, "time": finished, "seconds": finished - started}

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from albert_core.shards import MANIFEST_FILE
 from services.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ def pretrain(config: RunConfig, *, address: str | None = None, resume: bool = Tr
     config.validate()
     connect(address)
     run_dir = config.run_dir.resolve()
+    keep_tokenizer_with_run(Path(config.data.shards), run_dir)
     coordinator = get_or_create_coordinator(run_dir, config.run.name, config.to_dict())
     with LiveView(run_dir, config.optim.total_steps, progress=progress):
         result = run_pretraining(config, resume=resume, coordinator_name=coordinator_name(config.run.name))
@@ -50,6 +52,25 @@ def pretrain(config: RunConfig, *, address: str | None = None, resume: bool = Tr
     report = write_report(run_dir, title=f"albert pretraining run {config.run.name}")
     print(f"report: {report}")
     return result
+
+
+def keep_tokenizer_with_run(shards: Path, run_dir: Path) -> None:
+    """Copy the tokenizer the shards were made with into the run directory, so every checkpoint of the run
+    (run_dir/checkpoints/step_N) finds its spiece.model two levels up, as fine-tuning and conversion look for it."""
+    import json
+    import shutil
+
+    from albert_core.tokenization import CONFIG_FILE, MODEL_FILE
+
+    manifest = json.loads((shards / MANIFEST_FILE).read_text()) if (shards / MANIFEST_FILE).is_file() else {}
+    source = manifest.get("tokenizer", {}).get("path") if isinstance(manifest.get("tokenizer"), dict) else None
+    if not source or not Path(source).is_file():
+        log.warning("%s: names no readable tokenizer; fine-tuning will need --tokenizer", shards / MANIFEST_FILE)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in (MODEL_FILE, CONFIG_FILE):
+        if (Path(source).parent / name).is_file():
+            shutil.copy2(Path(source).parent / name, run_dir / name)
 
 
 @dataclass

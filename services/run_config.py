@@ -87,6 +87,8 @@ class EvalSection:
     batch_size: int = 32
     tasks: list[str] = field(default_factory=list)  # downstream tasks, e.g. ["sst2"]
     task_data: dict[str, str] = field(default_factory=dict)  # task -> data directory
+    task_seeds: int = 0  # fine-tuning runs per task (0: the protocol's, 5 for GLUE); their median is logged
+    task_max_steps: int = 0  # cap fine-tuning steps (0: the paper's recipe for the task)
 
 
 @dataclass
@@ -134,8 +136,6 @@ class RunConfig:
             )
         if t.backend not in ("cpu", "cuda", "xla"):
             raise ConfigError(f"train.backend: expected cpu, cuda or xla, got {t.backend!r}")
-        if t.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"train.precision: expected fp32 or bf16, got {t.precision!r}")
         for resource, amount in t.resources_per_worker.items():
             if resource == "CPU":
                 raise ConfigError("train.resources_per_worker: CPU is set by train.cpus_per_worker, not here")
@@ -144,6 +144,8 @@ class RunConfig:
                     f"train.resources_per_worker: expected a resource name and a positive amount, got {resource!r} = "
                     f"{amount!r}"
                 )
+        if t.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"train.precision: expected fp32 or bf16, got {t.precision!r}")
         if t.dropout_removal_step < 0:
             raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
         if o.name not in ("lamb", "adamw"):
@@ -173,8 +175,9 @@ class RunConfig:
             raise ConfigError(f"data.mask_prob: expected in (0, 1), got {d.mask_prob}")
         if d.max_seq_length > self.model_config(30000).max_position_embeddings:
             raise ConfigError("data.max_seq_length: exceeds model max_position_embeddings")
-        if self.eval.every_steps < 0:
-            raise ConfigError(f"eval.every_steps: expected >= 0, got {self.eval.every_steps}")
+        for name in ("every_steps", "task_seeds", "task_max_steps"):
+            if getattr(self.eval, name) < 0:
+                raise ConfigError(f"eval.{name}: expected >= 0, got {getattr(self.eval, name)}")
         if not all(isinstance(task, str) for task in self.eval.tasks):
             raise ConfigError(f"eval.tasks: expected a list of task names, got {self.eval.tasks!r}")
         for task, directory in self.eval.task_data.items():

@@ -163,7 +163,7 @@ def test_verify_checkpoint_names_a_listed_file_that_is_missing(tmp_path):
 
 def test_verify_checkpoint_refuses_a_directory_without_a_manifest(tmp_path):
     save_model(tmp_path / "ckpt", tiny_model())
-    with pytest.raises(CorruptCheckpoint, match="MANIFEST.json: not found"):
+    with pytest.raises(CorruptCheckpoint, match="MANIFEST.json: missing"):
         verify_checkpoint(tmp_path / "ckpt")
 
 
@@ -261,7 +261,7 @@ def test_a_bit_flipped_checkpoint_is_refused(make_run):
     flip_a_bit(Path(path) / "model.safetensors")
     result = run.call("checkpoint_saved", 100, path)
     assert result["accepted"] is False
-    assert "model.safetensors: sha256" in result["reason"]
+    assert "model.safetensors: checksum mismatch" in result["reason"]
     assert run.call("status")["checkpoints"] == []
     assert run.call("latest_good_checkpoint") is None
     assert [e["path"] for e in events(run.dir, "checkpoint_refused")] == [path]
@@ -389,6 +389,37 @@ def test_get_or_create_refuses_shards_without_heldout_documents(make_run, tmp_pa
 
 def test_get_or_create_refuses_a_downstream_task_nothing_evaluates(make_run):
     run = make_run()
-    config = {**run.config, "eval": {**run.config["eval"], "tasks": ["sst2"], "task_data": {"sst2": "/data/SST-2"}}}
-    with pytest.raises(UnknownTask, match="no evaluator is registered for downstream task 'sst2'"):
+    config = {**run.config, "eval": {**run.config["eval"], "tasks": ["boolq"], "task_data": {"boolq": "/data/BoolQ"}}}
+    with pytest.raises(UnknownTask, match="no evaluator is registered for downstream task 'boolq'"):
         get_or_create_coordinator(run.dir, "other-run", config)
+
+
+# --- downstream tasks in scheduled evaluations ------------------------------------------------------------------
+
+
+def write_polarity_task(directory: Path, per_label: int = 40) -> Path:
+    """A polarity task in gensim's pang_lee_polarity.cor format; the label shows in the words."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [f"__label__pos a good film number {i} , warm and fine" for i in range(per_label)]
+    lines += [f"__label__neg a bad film number {i} , dull and poor" for i in range(per_label)]
+    (directory / "pang_lee_polarity.cor").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def test_eval_tasks_put_downstream_scores_in_the_metrics_log(make_run, tmp_path):
+    from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+
+    task_dir = write_polarity_task(tmp_path / "polarity")
+    texts = (task_dir / "pang_lee_polarity.cor").read_text().replace("__label__", "").splitlines()
+    run = make_run(
+        eval={"tasks": ["polarity"], "task_data": {"polarity": str(task_dir)}, "task_seeds": 1, "task_max_steps": 4}
+    )
+    # The run keeps its tokenizer beside its checkpoints (runs/NAME/spiece.model), as `albert pretrain` does.
+    train_tokenizer(texts, run.dir, TokenizerTrainConfig(vocab_size=60, allow_smaller_vocab=True))
+    vocab = Tokenizer.load(run.dir).vocab_size
+    run.call("checkpoint_saved", 10, run.checkpoint(10, tiny_model(vocab_size=max(vocab, TOKEN + 1))), {}, final=True)
+    run.call("wait_for_evals", 300)
+    evals = [line for line in metrics_lines(run.dir) if line["kind"] == "eval"]
+    assert len(evals) == 1
+    assert 0.0 <= evals[0]["task/polarity/acc"] <= 1.0
+    assert "mlm_acc" in evals[0]
