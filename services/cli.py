@@ -210,10 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=cmd_evaluate)
 
     # Services that own their subcommands.
-    from services import finetune, jobs, preprocess
+    from services import experiment, finetune, jobs, preprocess
 
     preprocess.register(commands)
     finetune.register(commands)
+    experiment.register(commands)
     jobs.register(commands)
     return parser
 
