@@ -8,6 +8,7 @@ demo: sample corpus (registry packages) → SentencePiece → preprocess → pre
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ def connect(address: str | None = None) -> None:
 
     if ray.is_initialized():
         return
-    if address:
+    if address or os.environ.get("RAY_ADDRESS"):  # a cluster; inside a Ray job, RAY_ADDRESS names it
         ray.init(address=address, namespace="albert")
     else:
         ray.init(include_dashboard=False, namespace="albert", log_to_driver=False)

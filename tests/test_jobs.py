@@ -7,6 +7,7 @@ signalling the `ray start --block` processes it started (which kill what they la
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import secrets
@@ -505,3 +506,64 @@ def test_runtime_env_extras_add_env_vars_and_excludes_to_the_defaults():
 def test_runtime_env_refuses_the_token_variable():
     with pytest.raises(jobs.JobsError, match="RAY_AUTH_TOKEN: refused"):
         jobs.build_runtime_env(REPO, {"env_vars": {"RAY_AUTH_TOKEN": "x"}})
+
+
+def test_a_submitted_tiny_pretraining_runs_to_completion_and_is_visible_through_albert_jobs(cluster, tmp_path, capsys):
+    """`albert submit pretrain` on the loopback cluster: real shards, Ray Train, the coordinator, a final eval."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
+    from tests.test_train import MODEL, write_shards
+
+    shards = write_shards(tmp_path / "shards", (24,))
+    heldout = shards / HELDOUT_FILE
+    heldout.parent.mkdir(parents=True)
+    docs = [
+        {"doc_id": i, "sentences": [[7, 8, 9], [10, 11]], "word_starts": [[True] * 3, [True] * 2]} for i in range(8)
+    ]
+    pq.write_table(pa.Table.from_pylist(docs, schema=HELDOUT_SCHEMA), heldout)
+    model = ", ".join(f"{k} = {v}" for k, v in MODEL.items())
+    config = tmp_path / "tiny-job.toml"
+    config.write_text(
+        f"""
+[run]
+name = "job-run"
+output_dir = "{tmp_path / "runs"}"
+[model]
+preset = "albert-tiny"
+overrides = {{ vocab_size = 0, {model} }}
+[data]
+shards = "{shards}"
+max_seq_length = 32
+[optim]
+lr = 0.01
+warmup_steps = 1
+total_steps = 3
+[train]
+global_batch_size = 8
+micro_batch_size = 8
+num_workers = 1
+log_every = 1
+checkpoint_every = 3
+[eval]
+batch_size = 4
+heldout_batches = 2
+"""
+    )
+    job_id = jobs.submit(
+        "pretrain",
+        ["--config", str(config), "--no-progress"],
+        working_dir=REPO,
+        wait=True,
+        timeout_s=400,
+        **cluster.conn(),
+    )
+    assert jobs.job_status(job_id, **cluster.conn()).status == "SUCCEEDED"
+    logs = jobs.job_logs(job_id, **cluster.conn())
+    assert "finished at step 3" in logs
+    lines = [json.loads(line) for line in (tmp_path / "runs" / "job-run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if line["kind"] == "train"] == [1, 2, 3]
+    assert any(line["kind"] == "eval" and "mlm_acc" in line for line in lines)
+    assert cli(["jobs", "status", job_id, "--address", cluster.address, "--token-file", str(cluster.token_file)]) == 0
+    assert "SUCCEEDED" in capsys.readouterr().out
