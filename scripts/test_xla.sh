@@ -11,6 +11,6 @@ if [[ "$PJRT_DEVICE" == CPU ]]; then
     # models whose steps take milliseconds; the tier checks numbers and graph counts, not CPU kernel speed.
     export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0"
 fi
-# --confcutdir: tests/conftest.py (Ray fixtures) is not loaded; this venv has no ray.
+# --confcutdir: tests/conftest.py (the main suite's session fixtures) is not loaded; tests/xla has its own.
 # -o addopts=...: the main suite's addopts may --ignore tests/xla; keep only its reporting and marker checks.
 exec "$VENV/bin/python" -m pytest tests/xla --confcutdir=tests/xla -o addopts="-ra --strict-markers" -q "$@"

@@ -253,9 +253,9 @@ def test_bad_shards_fail_before_any_worker_starts(tmp_path, layout, message):
         run_pretraining(run_config(tmp_path, shards, "bad"))
 
 
-def test_xla_backend_is_refused_by_name(tmp_path):
+def test_xla_backend_without_torch_xla_is_refused_naming_the_field(tmp_path):
     shards = write_shards(tmp_path / "s")
-    with pytest.raises(NotImplementedError, match="train.backend = 'xla'"):
+    with pytest.raises(ConfigError, match="train.backend: 'xla' needs torch_xla"):
         run_pretraining(run_config(tmp_path, shards, "x", backend="xla"))
 
 
