@@ -6,7 +6,7 @@ similarity between every layer's input and output over the real tokens of held-o
 The inputs are either a held-out Parquet file from `albert preprocess` (`<shards>/heldout/documents.parquet`:
 unmasked `[CLS] A [SEP] B [SEP]` pairs of consecutive segments, token ids of the shards' tokenizer, which every
 checkpoint must share) or a plain text file (paragraphs separated by blank lines, each checkpoint reading it with
-its own tokenizer: `--tokenizer`, else spiece.model / tokenizer.json / vocab.txt in the checkpoint directory).
+its own tokenizer: spiece.model / tokenizer.json / vocab.txt in the checkpoint directory, else `--tokenizer`).
 
 experiment run: a grid of pretraining runs described by a TOML spec (configs/experiments/*.toml):
 
@@ -108,24 +108,25 @@ def _read_paragraphs(path: Path) -> list[str]:
 def _text_sequences(
     paragraphs: list[str], checkpoint: Path, tokenizer: str | None, max_seq_length: int
 ) -> tuple[list[list[int]], int]:
-    """[CLS] paragraph [SEP] token ids with the checkpoint's own tokenizer (or `tokenizer`), and the pad id."""
+    """[CLS] paragraph [SEP] token ids and the pad id, with the checkpoint's own tokenizer (spiece.model,
+    tokenizer.json or vocab.txt in its directory), else with `tokenizer` (a spiece.model)."""
     from albert_core.tokenization import MODEL_FILE, Tokenizer
 
-    spiece = Path(tokenizer) if tokenizer else checkpoint / MODEL_FILE
-    if spiece.is_file() or spiece.is_dir():
-        tok = Tokenizer.load(spiece)
-        body = max_seq_length - 2
-        return [[tok.cls_id, *tok.encode(p)[:body], tok.sep_id] for p in paragraphs], tok.pad_id
     if (checkpoint / "tokenizer.json").is_file() or (checkpoint / "vocab.txt").is_file():
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
         encoded = hf(paragraphs, truncation=True, max_length=max_seq_length)["input_ids"]
         return [list(ids) for ids in encoded], int(hf.pad_token_id or 0)
-    raise ValueError(
-        f"{checkpoint}: no tokenizer for the text input: pass --tokenizer spiece.model, or put spiece.model, "
-        "tokenizer.json or vocab.txt in the checkpoint directory"
-    )
+    spiece = checkpoint / MODEL_FILE if (checkpoint / MODEL_FILE).is_file() else tokenizer
+    if spiece is None:
+        raise ValueError(
+            f"{checkpoint}: no tokenizer for the text input: put spiece.model, tokenizer.json or vocab.txt in the "
+            "checkpoint directory, or pass --tokenizer spiece.model"
+        )
+    tok = Tokenizer.load(spiece)
+    body = max_seq_length - 2
+    return [[tok.cls_id, *tok.encode(p)[:body], tok.sep_id] for p in paragraphs], tok.pad_id
 
 
 def _heldout_sequences(
@@ -798,7 +799,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     layers.add_argument("--out", required=True, help="directory for layers.csv and layers.png")
     layers.add_argument("--label", action="append", default=[], help="a name per checkpoint, in order")
-    layers.add_argument("--tokenizer", help="spiece.model to tokenize with (default: the shards' / checkpoint's own)")
+    layers.add_argument(
+        "--tokenizer", help="spiece.model of a .parquet input, or for checkpoints without their own tokenizer files"
+    )
     layers.add_argument("--max-seq-length", type=int, default=128)
     layers.add_argument("--max-examples", type=int, default=256)
     layers.add_argument("--batch-size", type=int, default=16)
