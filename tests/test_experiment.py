@@ -391,3 +391,16 @@ def test_register_adds_analyze_layers_and_experiment_run_to_a_parser():
     assert (args.func, args.checkpoints, args.label) == (experiment.cmd_analyze_layers, ["a", "b"], ["x"])
     args = parser.parse_args(["experiment", "run", "spec.toml", "--only", "objective-sop", "--dry-run"])
     assert (args.func, args.only, args.dry_run) == (experiment.cmd_experiment_run, ["objective-sop"], True)
+
+
+@pytest.mark.ray
+def test_analyze_layers_reads_text_with_the_given_spiece_model_for_a_checkpoint_without_one(run_outputs, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(TEXTS[:6]) + "\n")
+    record = run_outputs["record"]
+    with pytest.raises(ValueError, match="no tokenizer for the text input"):
+        analyze_layers([record["checkpoint"]], text, tmp_path / "fig")
+    tokenizer = run_outputs["spec"].preprocess.tokenizer
+    out = analyze_layers([record["checkpoint"]], text, tmp_path / "fig", tokenizer=tokenizer, max_seq_length=64)
+    assert [r["layer"] for r in out["rows"]] == [1, 2]
+    assert out["rows"][0]["tokens"] > 6 * 2  # six paragraphs of several pieces each, plus [CLS] and [SEP]
