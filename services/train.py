@@ -103,7 +103,7 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 STOP_ENV = "ALBERT_STOP_AFTER_STEP"  # simulate a crash right after step N (tests of resume)
-# Debug, opt-in: a directory where every worker appends one line per step it trains, holding the example ids of
+# Debug, opt-in: a directory where every worker appends one line per step it starts, holding the example ids of
 # that step, to `rank<r>.jsonl` (see `trace_step`). A step redone after a failure is appended again.
 TRACE_ENV = "ALBERT_TRACE_EXAMPLES"
 COORDINATOR_NAMESPACE = "albert"
@@ -545,6 +545,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 loader, step_batches = _xla_step_batches(xla, next_rows, masked, static, steps, accumulation, device)
             for rows, micro in step_batches:
                 step = state.step + 1
+                if trace is not None:  # before the step: a worker killed inside it leaves the line, and redoes it
+                    trace_step(trace, step=step, epoch=epoch, rank=rank, rows=rows)
                 if t.dropout_removal_step and step >= t.dropout_removal_step and state.dropout != 0.0:
                     model.set_dropout(0.0)
                     state.dropout = 0.0
@@ -573,8 +575,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                         seed=step_seed(run.run.seed, rank, step),
                     )
                 state.step = step
-                if trace is not None:
-                    trace_step(trace, step=step, epoch=epoch, rank=rank, rows=rows)
                 state.batches_in_epoch += accumulation
                 if state.batches_in_epoch >= per_epoch:
                     state.epoch, state.batches_in_epoch = state.epoch + 1, 0
@@ -691,9 +691,11 @@ def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def trace_step(path: Path, *, step: int, epoch: int, rank: int, rows: Sequence[dict[str, np.ndarray]]) -> None:
-    """Append {"step", "epoch", "rank", "pid", "time", "example_ids"} for a trained step (ALBERT_TRACE_EXAMPLES).
+    """Append {"step", "epoch", "rank", "pid", "time", "example_ids"} as a step starts (ALBERT_TRACE_EXAMPLES).
 
-    One O_APPEND write per line, so lines of a worker killed mid-run are whole or absent.
+    Written before the step, so every step a worker trained has its line, even when the worker dies right after the
+    step while another rank's checkpoint keeps it. A step redone after a failure is appended again: the last line
+    of each (rank, step) is the attempt that counted. One O_APPEND write per line: lines are whole or absent.
     """
     ids = [int(i) for r in rows for i in r["example_id"]]
     record = {"step": step, "epoch": epoch, "rank": rank, "pid": os.getpid(), "time": time.time(), "example_ids": ids}
