@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 # Commands that make sense as cluster jobs. `model` (e.g. `model info`) is a cheap smoke test of a cluster.
-JOB_KINDS = ("preprocess", "pretrain", "finetune", "evaluate", "tokenizer", "model")
+JOB_KINDS = ("preprocess", "pretrain", "finetune", "evaluate", "experiment", "analyze", "tokenizer", "model")
 # Never uploaded with the working dir (gitignore syntax, relative to it): environments, caches, corpora, outputs.
 EXCLUDES = [
     ".git",
