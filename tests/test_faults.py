@@ -13,7 +13,11 @@ node goes. The faults are real:
   during a save (a small tmpfs, root only) or a file-size limit (RLIMIT_FSIZE, any user).
 
 Every faulty run is compared with one uninterrupted run of the same seed: the final weights are bitwise equal on
-CPU, and each step trained on the same example ids (the trace's last attempt of every (rank, step)).
+CPU, and each step trained on the same example ids (the trace's last attempt of every (rank, step)). The steps to
+kill at are drawn at random: ALBERT_FAULT_SEED replays a draw (failure messages print it).
+
+Time: the training scenarios (marked slow: five TorchTrainer runs, four worker-group restarts) take most of the
+module's minutes; the preprocess and disk-full tests take about 30 s (`-m "not slow"`).
 
 The session's `ray_local` and this cluster cannot be up together: one Python process holds one Ray connection, and
 the driver here must be connected to the cluster to reach its nodes and actor table. So the module fixture shuts
@@ -62,7 +66,7 @@ FILE_ROWS = (40, 40, 40, 44)  # 2 workers x 8 rows per step: 10 steps per epoch,
 TOTAL_STEPS = 16
 CHECKPOINT_EVERY = 3  # checkpoints at 3, 6, 9, 12, 15 and 16
 POLL_S = 0.01
-SEED = int(os.environ.get("ALBERT_FAULT_SEED", time.time_ns() % 2**31))  # in every failure message below
+SEED = int(os.environ.get("ALBERT_FAULT_SEED", time.time_ns() % 2**31))
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 
 
@@ -405,12 +409,14 @@ def damaged_then_resumed(coordinated):
 # a training worker killed three times
 
 
+@pytest.mark.slow
 def test_three_worker_kills_were_injected_at_distinct_steps(worker_kills):
     _, _, injected, _ = worker_kills
     assert [f["kind"] for f in injected] == ["worker_killed"] * 3, f"ALBERT_FAULT_SEED={SEED}: {injected}"
     assert len({f["pid"] for f in injected}) == 3
 
 
+@pytest.mark.slow
 def test_the_run_survives_three_worker_kills_and_ends_with_the_uninterrupted_weights(worker_kills, uninterrupted):
     result, _, injected, seconds = worker_kills
     assert result.step == TOTAL_STEPS
@@ -418,11 +424,13 @@ def test_the_run_survives_three_worker_kills_and_ends_with_the_uninterrupted_wei
     print(f"\nworker kills after steps {[f['at_step'] for f in injected]}: run took {seconds:.1f}s")
 
 
+@pytest.mark.slow
 def test_after_worker_kills_every_step_trained_on_the_uninterrupted_examples(worker_kills, uninterrupted):
     _, trace, _, _ = worker_kills
     assert consumed(trace) == consumed(uninterrupted[1])
 
 
+@pytest.mark.slow
 def test_a_step_redone_after_a_kill_read_the_same_examples_as_its_first_attempt(worker_kills):
     _, trace, injected, _ = worker_kills
     first: dict[tuple[int, int], list[int]] = {}
@@ -437,6 +445,7 @@ def test_a_step_redone_after_a_kill_read_the_same_examples_as_its_first_attempt(
     assert redone == expected
 
 
+@pytest.mark.slow
 def test_each_kill_resumes_from_the_last_checkpoint_before_it_and_loses_at_most_its_interval(worker_kills):
     _, trace, injected, _ = worker_kills
     for recovery in recoveries(trace, injected):
@@ -445,6 +454,7 @@ def test_each_kill_resumes_from_the_last_checkpoint_before_it_and_loses_at_most_
         print(f"\nkill at step {recovery['step']}: resumed from {recovery['resumed_from']}, {recovery['seconds']:.1f}s")
 
 
+@pytest.mark.slow
 def test_the_metrics_log_has_each_step_once_with_the_uninterrupted_losses(worker_kills, uninterrupted):
     def losses(result):
         return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in read_metrics(result.metrics_file)]
@@ -456,6 +466,7 @@ def test_the_metrics_log_has_each_step_once_with_the_uninterrupted_losses(worker
 # a node removed
 
 
+@pytest.mark.slow
 def test_removing_a_node_that_hosts_a_worker_restarts_training_on_the_remaining_nodes(node_removed):
     result, trace, injected = node_removed
     (fault,) = injected
@@ -466,6 +477,7 @@ def test_removing_a_node_that_hosts_a_worker_restarts_training_on_the_remaining_
     print(f"\nnode removed after step {recovery['step']}: resumed from {recovery['resumed_from']}")
 
 
+@pytest.mark.slow
 def test_after_a_node_removal_the_global_batch_and_the_weights_are_those_of_the_uninterrupted_run(
     node_removed, uninterrupted
 ):
@@ -480,6 +492,7 @@ def test_after_a_node_removal_the_global_batch_and_the_weights_are_those_of_the_
 # the coordinator and an evaluator killed
 
 
+@pytest.mark.slow
 def test_a_killed_coordinator_restarts_and_the_run_completes_with_the_uninterrupted_weights(coordinated, uninterrupted):
     _, _, result, trace, injected, _ = coordinated
     assert [f["kind"] for f in injected] == ["coordinator_killed", "evaluator_killed"]
@@ -488,12 +501,14 @@ def test_a_killed_coordinator_restarts_and_the_run_completes_with_the_uninterrup
     assert_same_weights(weights(result), weights(uninterrupted[0]))
 
 
+@pytest.mark.slow
 def test_after_the_coordinator_restart_the_metrics_log_has_every_step_once(coordinated):
     config, _, _, _, _, _ = coordinated
     records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, TOTAL_STEPS + 1))
 
 
+@pytest.mark.slow
 def test_after_the_coordinator_restart_its_index_holds_every_checkpoint_on_disk(coordinated):
     config, coordinator, _, _, _, _ = coordinated
     import ray
@@ -505,6 +520,7 @@ def test_after_the_coordinator_restart_its_index_holds_every_checkpoint_on_disk(
     assert read_status(config.run_dir)["checkpoints"] == status["checkpoints"]  # coordinator.json agrees
 
 
+@pytest.mark.slow
 def test_a_killed_evaluator_is_retried_and_every_scheduled_evaluation_finishes(coordinated):
     config, _, _, _, injected, counts = coordinated
     assert counts == {"pending": 0, "done": 3, "failed": 0}
@@ -514,6 +530,7 @@ def test_a_killed_evaluator_is_retried_and_every_scheduled_evaluation_finishes(c
     assert sorted(r["step"] for r in records if r["kind"] == "eval") == [6, 12, 16]
 
 
+@pytest.mark.slow
 def test_the_evaluator_was_killed_while_training_was_still_running(coordinated):
     _, _, _, _, injected, _ = coordinated
     assert injected[1]["training_step"] < TOTAL_STEPS, injected[1]
@@ -523,6 +540,7 @@ def test_the_evaluator_was_killed_while_training_was_still_running(coordinated):
 # damaged checkpoints on resume (end to end, through the coordinator)
 
 
+@pytest.mark.slow
 def test_resume_skips_damaged_checkpoints_with_an_event_naming_the_file_and_the_damage(damaged_then_resumed):
     config, damage, kept, _, _, _ = damaged_then_resumed
     records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -532,6 +550,7 @@ def test_resume_skips_damaged_checkpoints_with_an_event_naming_the_file_and_the_
         assert str(kept[step] / name) in corrupt[step] and kind in corrupt[step], corrupt[step]
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_newest_good_checkpoint_and_redoes_the_steps_after_it(damaged_then_resumed):
     _, _, _, _, result, trace = damaged_then_resumed
     assert sorted({r["step"] for r in trace}) == list(range(10, TOTAL_STEPS + 1))  # from step 9, the newest good
@@ -540,6 +559,7 @@ def test_resume_continues_from_the_newest_good_checkpoint_and_redoes_the_steps_a
         verify(path)  # the damaged ones were rewritten whole
 
 
+@pytest.mark.slow
 def test_resume_past_damaged_checkpoints_ends_with_the_same_weights(damaged_then_resumed, uninterrupted):
     _, _, _, before, result, trace = damaged_then_resumed
     assert_same_weights(weights(result), before)
