@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The soak target (outside CI): a longer randomized fault schedule against a tiny pretraining run on a simulated
+# 3-node Ray cluster; prints faults, recoveries, examples lost (must be 0) and work lost per fault.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+exec .venv/bin/python bench/soak.py "$@"
