@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file
 
-from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, HELDOUT_SCHEMA, example_id
+from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
 from services.coordinator import coordinator_name, get_or_create_coordinator
 from services.run_config import RunConfig
 from services.train import TRACE_ENV, run_pretraining
@@ -57,20 +57,7 @@ KINDS = ("worker_kill", "node_loss", "coordinator_kill", "evaluator_kill")
 def write_shards(root: Path, seed: int = 0) -> Path:
     """Parquet shards of random [CLS] A [SEP] B [SEP] rows and held-out documents (what preprocess writes)."""
     rng = np.random.default_rng(seed)
-    (root / "train").mkdir(parents=True)
-    for shard, n_rows in enumerate(ROWS_PER_FILE):
-        rows: dict[str, list] = {name: [] for name in EXAMPLE_SCHEMA.names}
-        for row in range(n_rows):
-            n_a, n_b = rng.integers(4, 13, size=2)
-            ids = [2, *rng.integers(5, VOCAB, n_a), 3, *rng.integers(5, VOCAB, n_b), 3]
-            starts = rng.random(len(ids)) < 0.7
-            starts[[0, 1, n_a + 1, n_a + 2, len(ids) - 1]] = True
-            rows["example_id"].append(example_id(shard, row))
-            rows["input_ids"].append(ids)
-            rows["token_type_ids"].append([0] * (n_a + 2) + [1] * (n_b + 1))
-            rows["word_starts"].append(starts.tolist())
-            rows["pair_label"].append(int(rng.integers(0, 2)))
-        pq.write_table(pa.table(rows, schema=EXAMPLE_SCHEMA), root / "train" / f"shard-{shard:05d}.parquet")
+    write_random_shards(root / "train", ROWS_PER_FILE, vocab_size=VOCAB, rng=rng)
     docs = []
     for doc in range(12):
         lengths = rng.integers(4, 9, size=4)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from albert_core.config import AlbertConfig, ConfigError
 from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
-from albert_core.shards import EXAMPLE_SCHEMA, example_id
+from albert_core.shards import write_random_shards
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.run_config import RunConfig
 from services.train import (
@@ -47,21 +47,7 @@ FILE_ROWS = (16, 16, 16, 18)  # 2 workers: 32 and 34 rows; 8 rows per worker-ste
 def write_shards(root, file_rows=FILE_ROWS, *, seed: int = 0, manifest: dict | None = None):
     """Real Parquet shards in the EXAMPLE_SCHEMA: [CLS] A [SEP] B [SEP] rows of random word pieces."""
     rng = np.random.default_rng(seed)
-    train = root / "train"
-    train.mkdir(parents=True)
-    for shard, n_rows in enumerate(file_rows):
-        rows = {name: [] for name in EXAMPLE_SCHEMA.names}
-        for row in range(n_rows):
-            n_a, n_b = rng.integers(4, 13, size=2)
-            ids = [2, *rng.integers(5, VOCAB, n_a), 3, *rng.integers(5, VOCAB, n_b), 3]
-            starts = rng.random(len(ids)) < 0.7
-            starts[[0, 1, n_a + 1, n_a + 2, len(ids) - 1]] = True
-            rows["example_id"].append(example_id(shard, row))
-            rows["input_ids"].append(ids)
-            rows["token_type_ids"].append([0] * (n_a + 2) + [1] * (n_b + 1))
-            rows["word_starts"].append(starts.tolist())
-            rows["pair_label"].append(int(rng.integers(0, 2)))
-        pq.write_table(pa.table(rows, schema=EXAMPLE_SCHEMA), train / f"shard-{shard:05d}.parquet")
+    write_random_shards(root / "train", file_rows, vocab_size=VOCAB, rng=rng)
     (root / "manifest.json").write_text(json.dumps(manifest if manifest is not None else {"vocab_size": VOCAB}))
     return root
 
