@@ -20,6 +20,7 @@ experiment run: a grid of pretraining runs described by a TOML spec (configs/exp
     "preprocess.objective" = ["none", "nsp", "sop"]
     "model.overrides.sharing" = ["all", "none"]
     [[cells]]                        # optional explicit cells (instead of, or after, the grid's)
+    name = "e768"                    # optional; else named after its values
     "model.overrides.embedding_size" = 768
     [preprocess]                     # optional: the shards are built here, once per distinct preprocess option set
     inputs = ["data/corpus"]
@@ -34,11 +35,24 @@ the shards (`albert preprocess --objective sop|nsp|none`), so each distinct prep
 shards directory `<cache>/<objective>-<max_seq_length>-<hash>`, built once and reused (a directory with a
 manifest.json is complete). Every cell's RunConfig is built and validated before anything runs.
 
+`"model.init_from" = "cell:NAME"` starts a cell from the final checkpoint of an earlier cell NAME of the same spec
+(progressive stacking onto the cell's depth, `albert_core.stacking`; configs/experiments/stacking-small.toml). The
+cell's RunConfig then names that checkpoint's path, its fingerprint includes NAME's, and it runs after NAME.
+
 Each cell: `services.pipeline.pretrain` (coordinator, checkpoints, resume from the newest good checkpoint), then the
-final checkpoint is evaluated on the shards' held-out documents:
+final checkpoint is measured on the shards' held-out documents:
 - mlm_acc / mlm_loss / sop_acc / nsp_acc: `services.eval.evaluate_model` with the run's IntrinsicOptions, i.e. the
   pretrained pair head applied as it is, on SOP pairs and on NSP pairs (the paper's Table 5 protocol; a model
-  pretrained without a pair objective has an untrained head and scores chance).
+  pretrained without a pair objective has an untrained head and scores chance). This is exactly what the run's
+  coordinator already does with the final checkpoint (it always evaluates a run's last checkpoint, on
+  `<shards>/heldout` with the run's IntrinsicOptions), so the cell takes that evaluation from the run's
+  metrics.jsonl instead of repeating it (`coordinator_evaluation`; the result says "heldout_eval": "coordinator").
+  Reusing it was simpler than switching the coordinator's final evaluation off for cells, which would need a
+  coordinator option and leave plain `albert pretrain` runs and cells evaluated by different code. The runner
+  evaluates the checkpoint itself ("heldout_eval": "runner") only when that evaluation is missing (it failed, or
+  was still running when pretrain stopped waiting) or could differ: the coordinator was started with other
+  evaluation options or shards (coordinator.json), or the shards' tokenizer has special ids other than ALBERT's
+  layout (the coordinator's evaluator assumes that layout).
 - sop_probe / nsp_probe: the pair head re-fitted for the task with the encoder frozen: a fresh logistic
   regression on the pooled [CLS] vector (the pair head's input), trained on unmasked pairs from one half of the
   held-out documents and scored on pairs from the other half (`albert_core.analysis.pair_probe`). This is what
@@ -46,7 +60,9 @@ final checkpoint is evaluated on the shards' held-out documents:
   probed on SOP and an objective-none model are measured the same way as the rest.
 - params: `albert_core.config.count_parameters` of the cell's model (embeddings + encoder + pooler).
 A finished cell leaves `<exp>/cells/<cell>.json` (its values, a fingerprint of everything that decides its
-result, and the results), written last; a rerun skips it. A marker whose fingerprint no longer matches the spec is
+result, and the results), written last; a rerun skips it. RunConfig fields added after the first marker version
+(model.init_from, train.compile, ...) enter the fingerprint only when set, so adding a field does not orphan the
+cells that finished before it existed. A marker whose fingerprint no longer matches the spec is
 refused, not silently reused. The results table (results.csv, results.md) is rewritten after every cell.
 
 Cluster: `--address` runs each cell's Ray Train workers on that cluster (the driver stays here); the shards, cache
@@ -376,10 +392,17 @@ class ExperimentSpec:
         combos = [dict(zip(self.grid, values, strict=True)) for values in itertools.product(*self.grid.values())]
         if not self.grid:
             combos = []
-        combos += [dict(c) for c in self.cells]
-        if not combos:
-            combos = [{}]  # no axes: one cell, the recipe with [set]
         cells = [Cell(cell_name(values), values) for values in combos]
+        for explicit in self.cells:
+            values = {k: v for k, v in explicit.items() if k != "name"}
+            name = explicit.get("name", cell_name(values))
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._=-]+", name):
+                raise ConfigError(
+                    f"{self.source}: cells: name: use letters, digits, '.', '_', '=' and '-', got {name!r}"
+                )
+            cells.append(Cell(name, values))
+        if not cells:
+            cells = [Cell(cell_name({}), {})]  # no axes: one cell, the recipe with [set]
         seen: dict[str, dict] = {}
         for cell in cells:
             if cell.name in seen:
@@ -470,7 +493,8 @@ def shards_dir(options: dict[str, Any]) -> Path:
 
 
 def cell_config(spec: ExperimentSpec, cell: Cell) -> RunConfig:
-    """The cell's RunConfig: the recipe, then [set], then the cell's values; its own run name and directory."""
+    """The cell's RunConfig: the recipe, then [set], then the cell's values; its own run name and directory.
+    `model.init_from = "cell:NAME"` becomes the path of cell NAME's final checkpoint."""
     where = f"{spec.source}: cell {cell.name}"
     recipe = resolve_config_path(spec.recipe)
     data = tomllib.loads(recipe.read_text())
@@ -481,18 +505,81 @@ def cell_config(spec: ExperimentSpec, cell: Cell) -> RunConfig:
     if spec.preprocess is not None:
         seq = data.get("data", {}).get("max_seq_length", RunConfig().data.max_seq_length)
         data.setdefault("data", {})["shards"] = str(shards_dir(cell_preprocess(spec, cell, seq)))
+    source = init_source(spec, cell)
+    if source is not None:
+        data["model"]["init_from"] = str(final_checkpoint(cell_config(spec, source)))
     return RunConfig.from_dict(data, source=where)
 
 
+def init_source(spec: ExperimentSpec, cell: Cell) -> Cell | None:
+    """The earlier cell whose final checkpoint `model.init_from = "cell:NAME"` names, or None."""
+    value = spec.fields_of(cell).get("model.init_from")
+    if not isinstance(value, str) or not value.startswith("cell:"):
+        return None
+    name = value.removeprefix("cell:")
+    cells = spec.expand()
+    earlier = cells[: [c.name for c in cells].index(cell.name)]
+    source = next((c for c in earlier if c.name == name), None)
+    if source is None:
+        names = ", ".join(c.name for c in earlier) or "none"
+        raise ConfigError(
+            f"{spec.source}: cell {cell.name}: model.init_from: {value!r} names no earlier cell of the spec "
+            f"(earlier cells: {names})"
+        )
+    return source
+
+
+def final_checkpoint(config: RunConfig) -> Path:
+    """`<run_dir>/checkpoints/step_<total_steps>`: where a finished run's last checkpoint is (services.train_state)."""
+    from services.train_state import checkpoint_dir
+
+    return checkpoint_dir(config.run_dir / "checkpoints", config.optim.total_steps)
+
+
+# The RunConfig fields markers of version 1 were fingerprinted with. Fields added since count only when they differ
+# from their default, so a new field leaves the fingerprints of finished cells as they were.
+V1_FIELDS = {
+    "run": {"name", "output_dir", "seed"},
+    "model": {"preset", "overrides"},
+    "data": {"shards", "max_seq_length", "mask_prob", "max_ngram", "static_shapes"},
+    "optim": {
+        "name", "lr", "warmup_steps", "total_steps", "weight_decay", "beta1", "beta2", "eps", "bias_correction",
+        "trust_clip", "grad_clip",
+    },
+    "train": {
+        "global_batch_size", "micro_batch_size", "num_workers", "backend", "precision", "cpus_per_worker",
+        "resources_per_worker", "log_every", "checkpoint_every", "keep_last", "dropout_removal_step", "max_failures",
+    },
+    "eval": {"every_steps", "heldout_batches", "batch_size", "tasks", "task_data", "task_seeds", "task_max_steps"},
+}  # fmt: skip
+
+
+def fingerprint_fields(config: RunConfig) -> dict[str, dict[str, Any]]:
+    """config.to_dict() without the fields added after version 1 that are at their default."""
+    defaults = RunConfig().to_dict()
+    return {
+        section: {
+            name: value
+            for name, value in values.items()
+            if name in V1_FIELDS.get(section, ()) or value != defaults[section][name]
+        }
+        for section, values in config.to_dict().items()
+    }
+
+
 def cell_fingerprint(spec: ExperimentSpec, cell: Cell) -> str:
-    """A hash of everything that decides a cell's result: its RunConfig, preprocess options and probe settings."""
+    """A hash of everything that decides a cell's result: its RunConfig, preprocess options and probe settings,
+    and the fingerprint of the cell it starts from (model.init_from = "cell:NAME")."""
     config = cell_config(spec, cell)
     payload = {
         "version": MARKER_VERSION,
-        "run_config": config.to_dict(),
+        "run_config": fingerprint_fields(config),
         "preprocess": cell_preprocess(spec, cell, config.data.max_seq_length),
         "probe": dataclasses.asdict(spec.probe),
     }
+    source = init_source(spec, cell)
+    if source is not None:
+        payload["init_from_cell"] = cell_fingerprint(spec, source)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -558,8 +645,44 @@ def ensure_shards(options: dict[str, Any], *, progress: bool = False) -> Path:
     return directory
 
 
-def evaluate_cell(checkpoint: str | Path, config: RunConfig, probe: ProbeSpec) -> dict[str, Any]:
-    """Held-out intrinsic metrics (pair head as pretrained) plus linear probes, for one finished cell."""
+def coordinator_evaluation(config: RunConfig, checkpoint: str | Path) -> dict[str, Any] | None:
+    """The run's coordinator's held-out evaluation of `checkpoint` when it measured what evaluate_model would here.
+
+    That is: metrics.jsonl has an "eval" line for the checkpoint's step and path (the last one wins, as in the run
+    report), coordinator.json shows the coordinator was started with the same shards and IntrinsicOptions, and the
+    shards' tokenizer uses ALBERT's special ids (the coordinator's evaluator assumes them). Else None.
+    """
+    from albert_core.tokenization import TokenIds
+    from services.coordinator import STATE_FILE
+    from services.eval import IntrinsicOptions
+    from services.report import read_metrics
+    from services.train import resolve_token_ids
+
+    run_dir = config.run_dir
+    state_path = run_dir / STATE_FILE
+    if not state_path.is_file():
+        return None
+    started_with = RunConfig.from_dict(json.loads(state_path.read_text())["config"], source=str(state_path))
+    same_options = IntrinsicOptions.from_run_config(started_with) == IntrinsicOptions.from_run_config(config)
+    same_shards = Path(started_with.data.shards).resolve() == Path(config.data.shards).resolve()
+    token_ids = resolve_token_ids(Path(config.data.shards), config)
+    if not (same_options and same_shards and token_ids == TokenIds(vocab_size=token_ids.vocab_size)):
+        return None
+    path = str(Path(checkpoint).resolve())
+    evals = [r for r in read_metrics(run_dir) if r.get("kind") == "eval" and r.get("checkpoint") == path]
+    if not evals:
+        return None
+    return {k: v for k, v in evals[-1].items() if k not in ("step", "time", "kind", "checkpoint", "seconds")}
+
+
+def evaluate_cell(
+    checkpoint: str | Path, config: RunConfig, probe: ProbeSpec, heldout: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Held-out intrinsic metrics (pair head as pretrained) plus linear probes, for one finished cell.
+
+    `heldout`: the intrinsic metrics when they were measured already (the coordinator's evaluation); else they are
+    measured here. "heldout_eval" says which.
+    """
     from albert_core.analysis import pair_probe
     from albert_core.checkpoint import load_model
     from albert_core.evaluation import read_heldout
@@ -571,7 +694,11 @@ def evaluate_cell(checkpoint: str | Path, config: RunConfig, probe: ProbeSpec) -
     token_ids = resolve_token_ids(shards, config)
     documents = read_heldout(str(shards / HELDOUT_FILE))
     model = load_model(checkpoint)
-    result: dict[str, Any] = dict(evaluate_model(model, documents, IntrinsicOptions.from_run_config(config), token_ids))
+    if heldout is None:
+        result = dict(evaluate_model(model, documents, IntrinsicOptions.from_run_config(config), token_ids))
+        result["heldout_eval"] = "runner"
+    else:
+        result = {**heldout, "heldout_eval": "coordinator"}
     sentences = [d.sentences for d in documents]
     for task in probe.tasks:
         measured = pair_probe(
@@ -598,6 +725,11 @@ def run_cell(spec: ExperimentSpec, cell: Cell, *, address: str | None = None, pr
     from services.pipeline import pretrain
 
     config = cell_config(spec, cell)
+    source = init_source(spec, cell)
+    if source is not None and finished_result(spec, source) is None:
+        raise ConfigError(
+            f"cell {cell.name}: model.init_from names cell {source.name}, which has not finished; run it first"
+        )
     options = cell_preprocess(spec, cell, config.data.max_seq_length)
     started = time.time()
     if options is not None:
@@ -610,7 +742,7 @@ def run_cell(spec: ExperimentSpec, cell: Cell, *, address: str | None = None, pr
             f"cell {cell.name}: the run stopped at step {result.step} of {config.optim.total_steps} "
             f"({config.run_dir}); rerun the experiment to resume it"
         )
-    metrics = evaluate_cell(result.checkpoint, config, spec.probe)
+    metrics = evaluate_cell(result.checkpoint, config, spec.probe, coordinator_evaluation(config, result.checkpoint))
     record = {
         "cell": cell.name,
         "values": cell.values,

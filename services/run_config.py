@@ -29,6 +29,9 @@ class ModelSection:
     preset: str = "albert-base"
     # Any AlbertConfig field overrides the preset (vocab_size is taken from the tokenizer when 0).
     overrides: dict[str, Any] = field(default_factory=dict)
+    # A model directory to start a new run from instead of random weights: its layers are stacked onto this
+    # model's depth (progressive stacking, albert_core.stacking). Unused when the run resumes its own checkpoint.
+    init_from: str = ""
 
 
 @dataclass

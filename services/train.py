@@ -502,6 +502,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if state.config_hash != config_hash(run):
             log.warning("%s: written under a different run config; continuing with the new one", choice[0])
         log.info("rank %d resumes from %s at step %d (epoch %d)", rank, choice[0], state.step, state.epoch)
+    elif config.get("init_from"):  # a new run from another checkpoint's layers (model.init_from, albert_core.stacking)
+        from albert_core.stacking import load_stacked
+
+        load_stacked(model, config["init_from"])
     if rank == 0:
         checkpoints.mkdir(parents=True, exist_ok=True)
         for stale in checkpoints.glob(".step_*"):  # temporaries of a save that crashed
@@ -850,6 +854,11 @@ def run_pretraining(
     run_dir = config.run_dir.resolve()
     checkpoints = run_dir / CHECKPOINTS_DIR
     ray_storage = run_dir / "ray"
+    init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
+    if init_from is not None:  # checked before a worker starts; the workers read it by absolute path
+        from albert_core.stacking import check_init_source
+
+        check_init_source(init_from, config.model_config(ids.vocab_size))
     if not resume and list_checkpoints(checkpoints):
         raise ConfigError(
             f"run.name: {run_dir} already holds checkpoints; resume it, or choose another run.name / run.output_dir"
@@ -872,6 +881,7 @@ def run_pretraining(
         "stop_after_step": int(stop_after) if stop_after else None,
         "pjrt_device": pjrt_device,
         "trace_examples": str(Path(trace).resolve()) if trace else None,
+        "init_from": str(init_from) if init_from else None,
     }
     context = DataContext.get_current()
     saved_v2 = context.use_datasource_v2

@@ -24,12 +24,17 @@ from services.experiment import (
     cell_config,
     cell_fingerprint,
     cell_name,
+    coordinator_evaluation,
+    final_checkpoint,
+    fingerprint_fields,
     finished_result,
     marker_path,
     pending_cells,
     run_experiment,
     write_tables,
 )
+from services.report import read_metrics
+from services.run_config import RunConfig
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()
@@ -165,6 +170,68 @@ def test_cell_names_carry_the_last_part_of_each_field_and_its_value():
     assert cell_name({}) == "base"
 
 
+def test_an_explicit_cell_may_be_named(recipe, tmp_path):
+    spec = spec_of(recipe, tmp_path, cells=[{"name": "deep", "model.overrides.num_hidden_layers": 4}])
+    (cell,) = spec.expand()
+    assert (cell.name, cell.values) == ("deep", {"model.overrides.num_hidden_layers": 4})
+    assert cell_config(spec, cell).run.name == "exp-deep"
+    with pytest.raises(ConfigError, match=r"cells: name: use letters"):
+        spec_of(recipe, tmp_path, cells=[{"name": "a b", "optim.total_steps": 4}])
+
+
+STACKING = [
+    {"name": "shallow", "model.overrides.num_hidden_layers": 1},
+    {"name": "stacked", "model.init_from": "cell:shallow"},
+]
+
+
+def test_init_from_an_earlier_cell_names_that_cells_final_checkpoint(recipe, tmp_path):
+    spec = spec_of(recipe, tmp_path, set={"optim.total_steps": 4, "train.checkpoint_every": 2}, cells=STACKING)
+    shallow, stacked = spec.expand()
+    expected = cell_config(spec, shallow).run_dir / "checkpoints" / "step_00000004"
+    assert final_checkpoint(cell_config(spec, shallow)) == expected
+    assert cell_config(spec, stacked).model.init_from == str(expected)
+    assert cell_config(spec, shallow).model.init_from == ""
+
+
+def test_init_from_a_later_or_unknown_cell_is_an_error_naming_the_field(recipe, tmp_path):
+    with pytest.raises(ConfigError, match=r"cell stacked: model\.init_from: 'cell:shallow' names no earlier cell"):
+        spec_of(recipe, tmp_path, cells=STACKING[::-1])
+    with pytest.raises(ConfigError, match=r"'cell:nope' names no earlier cell of the spec \(earlier cells: shallow\)"):
+        spec_of(recipe, tmp_path, cells=[STACKING[0], {"name": "stacked", "model.init_from": "cell:nope"}])
+
+
+def test_a_stacked_cells_fingerprint_follows_its_source_cell(recipe, tmp_path):
+    spec = spec_of(recipe, tmp_path, cells=STACKING)
+    changed = spec_of(recipe, tmp_path, cells=[{**STACKING[0], "optim.lr": 0.02}, STACKING[1]])
+    stacked = spec.expand()[1]
+    assert cell_config(spec, stacked).to_dict() == cell_config(changed, stacked).to_dict()  # same RunConfig...
+    assert cell_fingerprint(spec, stacked) != cell_fingerprint(changed, stacked)  # ...but another source
+
+
+def test_fields_added_to_runconfig_after_the_first_markers_count_only_when_set():
+    """Markers of version 1 hashed exactly these fields: a new field at its default must leave them valid."""
+    default = fingerprint_fields(RunConfig())
+    assert {section: set(values) for section, values in default.items()} == {
+        "run": {"name", "output_dir", "seed"},
+        "model": {"preset", "overrides"},
+        "data": {"shards", "max_seq_length", "mask_prob", "max_ngram", "static_shapes"},
+        "optim": {
+            "name", "lr", "warmup_steps", "total_steps", "weight_decay", "beta1", "beta2", "eps", "bias_correction",
+            "trust_clip", "grad_clip",
+        },
+        "train": {
+            "global_batch_size", "micro_batch_size", "num_workers", "backend", "precision", "cpus_per_worker",
+            "resources_per_worker", "log_every", "checkpoint_every", "keep_last", "dropout_removal_step",
+            "max_failures",
+        },
+        "eval": {"every_steps", "heldout_batches", "batch_size", "tasks", "task_data", "task_seeds", "task_max_steps"},
+    }  # fmt: skip
+    stacked = RunConfig()
+    stacked.model.init_from = "somewhere"
+    assert fingerprint_fields(stacked)["model"]["init_from"] == "somewhere"
+
+
 def test_shipped_experiment_specs_load_and_validate(monkeypatch):
     root = Path(__file__).resolve().parent.parent
     monkeypatch.chdir(root)  # recipes and caches are relative to the repository
@@ -213,6 +280,47 @@ def test_the_results_table_lists_finished_cells_with_parameters_and_accuracies(r
     md = md_path.read_text()
     assert "| sharing-none | none | 1.23M | 3 | 25.0 | " in md
     assert md.count("\n| sharing-") == 2
+
+
+# --- the coordinator's final evaluation is the cell's --------------------------------------------------------
+
+
+def coordinator_run(recipe: Path, tmp_path: Path, eval_line: dict, **started_with) -> tuple[RunConfig, Path]:
+    """A run directory as pretrain leaves it: coordinator.json (the config it was started with), metrics.jsonl."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "manifest.json").write_text(json.dumps({"vocab_size": 50}))
+    spec = spec_of(recipe, tmp_path, set={"data.shards": str(shards)})
+    config = cell_config(spec, spec.expand()[0])
+    checkpoint = (final_checkpoint(config)).resolve()
+    data = config.to_dict()
+    for dotted, value in started_with.items():
+        section, name = dotted.split(".")
+        data[section][name] = value
+    config.run_dir.mkdir(parents=True)
+    (config.run_dir / "coordinator.json").write_text(json.dumps({"config": data}))
+    lines = [
+        {"step": 3, "time": 1.0, "kind": "train", "loss": 7.0},
+        {"step": 3, "time": 2.0, "kind": "eval", "checkpoint": str(checkpoint), **eval_line, "seconds": 1.5},
+    ]
+    (config.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return config, checkpoint
+
+
+def test_the_coordinators_evaluation_of_the_final_checkpoint_is_reused(recipe, tmp_path):
+    config, checkpoint = coordinator_run(recipe, tmp_path, {"mlm_acc": 0.25, "sop_acc": 0.5, "mlm_tokens": 9})
+    assert coordinator_evaluation(config, checkpoint) == {"mlm_acc": 0.25, "sop_acc": 0.5, "mlm_tokens": 9}
+
+
+def test_an_evaluation_of_another_checkpoint_is_not_reused(recipe, tmp_path):
+    config, checkpoint = coordinator_run(recipe, tmp_path, {"mlm_acc": 0.25})
+    assert coordinator_evaluation(config, checkpoint.parent / "step_00000002") is None
+
+
+@pytest.mark.parametrize("changed", [{"eval.heldout_batches": 3}, {"run.seed": 8}, {"data.max_seq_length": 32}])
+def test_an_evaluation_under_other_options_is_not_reused(recipe, tmp_path, changed):
+    config, checkpoint = coordinator_run(recipe, tmp_path, {"mlm_acc": 0.25}, **changed)
+    assert coordinator_evaluation(config, checkpoint) is None
 
 
 # --- analyze layers ----------------------------------------------------------------------------------------
@@ -310,7 +418,13 @@ def run_outputs(ray_local, tmp_path_factory):
         "probe": {"examples": 32},
     }
     spec = ExperimentSpec.from_dict(data, source="e2e.toml")
-    first = run_experiment(spec)
+    runner_evaluations = []  # held-out evaluations in this process (the coordinator's evaluator is another one)
+    with pytest.MonkeyPatch.context() as patch:
+        import services.eval
+
+        real = services.eval.evaluate_model
+        patch.setattr(services.eval, "evaluate_model", lambda *a, **k: runner_evaluations.append(1) or real(*a, **k))
+        first = run_experiment(spec)
     (cell,) = spec.expand()
     run_dir = cell_config(spec, cell).run_dir
     snapshot = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
@@ -322,6 +436,7 @@ def run_outputs(ray_local, tmp_path_factory):
         "run_dir": run_dir,
         "snapshot": snapshot,
         "record": first[0],
+        "runner_evaluations": len(runner_evaluations),
     }
 
 
@@ -333,6 +448,20 @@ def test_a_real_cell_pretrains_to_its_last_step_and_records_heldout_accuracies(r
         assert 0.0 <= record[key] <= 1.0, key
     assert record["sop_examples"] > 0 and record["nsp_probe_detail"]["test_examples"] > 0
     assert math.isfinite(record["mlm_loss"]) and math.isfinite(record["final_loss"])
+
+
+@pytest.mark.ray
+def test_a_cell_runs_exactly_one_heldout_evaluation_and_its_table_shows_that_one(run_outputs):
+    evals = [r for r in read_metrics(run_outputs["run_dir"]) if r["kind"] == "eval"]
+    assert len(evals) == 1 and evals[0]["step"] == 3  # the coordinator's, of the final checkpoint
+    assert run_outputs["runner_evaluations"] == 0  # the runner did not evaluate it again
+    record = run_outputs["record"]
+    assert record["heldout_eval"] == "coordinator" and evals[0]["checkpoint"] == record["checkpoint"]
+    (row,) = csv.DictReader((run_outputs["spec"].directory / RESULTS_CSV).open())
+    for key in ("mlm_acc", "mlm_loss", "sop_acc", "nsp_acc", "mlm_tokens", "sop_examples", "nsp_examples"):
+        assert record[key] == evals[0][key], key
+    for key in ("mlm_acc", "mlm_loss", "sop_acc", "nsp_acc"):
+        assert float(row[key]) == evals[0][key], key
 
 
 @pytest.mark.ray
