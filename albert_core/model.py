@@ -172,6 +172,18 @@ def set_dropout(model: nn.Module, p: float) -> None:
             module.config.classifier_dropout_prob = p
 
 
+def compile_backbone(model: nn.Module, **options) -> None:
+    """torch.compile a model's backbone (embeddings, encoder, pooler) in place; parameter names do not change.
+
+    The backbone is nearly all of the work and has no data-dependent shapes, so it compiles without graph breaks;
+    the heads stay eager (the pretraining MLM head decodes a data-dependent number of masked positions). Sequence
+    lengths that vary between batches make the first recompile dynamic, not one graph per length; changing dropout
+    (set_dropout) recompiles once. `options` go to torch.compile.
+    """
+    backbone = model.albert if isinstance(getattr(model, "albert", None), AlbertModel) else model
+    backbone.compile(**options)
+
+
 class _Albert(nn.Module):
     """What every ALBERT model offers besides forward."""
 

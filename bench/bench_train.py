@@ -12,8 +12,8 @@ n-gram masked by albert_core.batch. Dropout is 0.1 in both.
 The two alternate one timed step at a time, which is fair on a shared machine; the best and the median step
 are printed. For each: tokens/s, GFLOP/s (model FLOPs from albert_core.model.estimate_flops_per_token, counting
 the work each model does: ours decodes ~15% of positions), and MFU against the fp32 `torch.mm` peak (the better
-of a measurement before and one after the timed steps, in the same run). Then the ratio ours / transformers,
-and the same comparison for torch.compile on our model (eager vs compiled).
+of a measurement before and one after the timed steps, in the same run). Then the ratios ours / transformers for
+our eager step and for our step with `train.compile` (albert_core.model.compile_backbone), all three interleaved.
 
     python bench/bench_train.py [--steps 10] [--warmup 2] [--no-compile] [--threads N]
 """
@@ -31,7 +31,7 @@ import torch
 from albert_core.batch import mlm_batch
 from albert_core.config import AlbertConfig
 from albert_core.interop import to_hf
-from albert_core.model import AlbertForPreTraining, estimate_flops_per_token
+from albert_core.model import AlbertForPreTraining, compile_backbone, estimate_flops_per_token
 from albert_core.optim import make_optimizer, make_scheduler
 from services.train import train_step
 
@@ -83,10 +83,11 @@ def build_ours(config: AlbertConfig, compiled: bool = False):
     model.train()
     optimizer = make_optimizer(model, lr=1e-4)
     scheduler = make_scheduler(optimizer, warmup_steps=0, total_steps=10_000)
-    runner = torch.compile(model) if compiled else model
+    if compiled:
+        compile_backbone(model)
 
     def step(batch):
-        train_step(runner, optimizer, scheduler, [batch], grad_clip=1.0)
+        train_step(model, optimizer, scheduler, [batch], grad_clip=1.0)
 
     return model, step
 
@@ -156,47 +157,38 @@ def main() -> None:
 
     ours_model, ours_step = build_ours(config)
     _, hf_step = build_hf(ours_model)
-    for _ in range(args.warmup):
-        ours_step(batch)
-        hf_step(batch)
-    times = interleaved({"ours": ours_step, "hf": hf_step}, batch, args.steps)
+    steps = {"ours": ours_step, "hf": hf_step}
+    if not args.no_compile:
+        _, steps["compiled"] = build_ours(config, compiled=True)
+    warmup_s = {}
+    for name, step in steps.items():
+        start = time.perf_counter()
+        for _ in range(args.warmup):
+            step(batch)
+        warmup_s[name] = time.perf_counter() - start
+    times = interleaved(steps, batch, args.steps)
     peak_after = gemm_peak()
     peak = max(peak, peak_after)
 
     def line(name: str, seconds: list[float], flops: float) -> None:
         best, median = min(seconds), statistics.median(seconds)
         print(
-            f"{name:<28} median {median * 1e3:6.0f} ms/step ({tokens / median:5.0f} tokens/s), "
+            f"{name:<34} median {median * 1e3:6.0f} ms/step ({tokens / median:5.0f} tokens/s), "
             f"best {best * 1e3:6.0f} ms ({tokens / best:5.0f} tokens/s, {flops / best / 1e9:5.1f} GFLOP/s, "
             f"MFU {flops / best / peak:5.1%})"
         )
 
+    def ratio(name: str) -> None:
+        best = min(times["hf"]) / min(times[name])
+        median = statistics.median(times["hf"]) / statistics.median(times[name])
+        print(f"throughput {name} / transformers: {best:.2f}x on best steps, {median:.2f}x on medians")
+
     print(f"fp32 GEMM peak after the timed steps: {peak_after / 1e9:.1f} GFLOP/s; MFU uses the better of the two")
     line("ours (masked-only MLM, LAMB)", times["ours"], flops_ours)
+    if "compiled" in times:
+        print(f"  (compiled: its first {args.warmup} steps, compiling included, took {warmup_s['compiled']:.0f} s)")
+        line("ours + train.compile", times["compiled"], flops_ours)
     line("transformers + AdamW", times["hf"], flops_hf)
-    ratio_median = statistics.median(times["hf"]) / statistics.median(times["ours"])
-    ratio_best = min(times["hf"]) / min(times["ours"])
-    print(f"throughput ours / transformers: {ratio_best:.2f}x on best steps, {ratio_median:.2f}x on medians")
-
-    if args.no_compile:
-        return
-    try:
-        _, compiled_step = build_ours(config, compiled=True)
-        start = time.perf_counter()
-        for _ in range(args.warmup):
-            compiled_step(batch)
-        compile_s = time.perf_counter() - start
-        times = interleaved({"eager": ours_step, "compiled": compiled_step}, batch, args.steps)
-        print(f"torch.compile (model only; its first {args.warmup} steps, compiling included: {compile_s:.0f} s)")
-        line("ours eager", times["eager"], flops_ours)
-        line("ours compiled", times["compiled"], flops_ours)
-        print(
-            f"compile speed-up: {min(times['eager']) / min(times['compiled']):.2f}x on best steps, "
-            f"{statistics.median(times['eager']) / statistics.median(times['compiled']):.2f}x on medians"
-        )
-    except Exception as err:  # report, do not hide: compile support varies by platform
-        print(f"torch.compile failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
-
-
-if __name__ == "__main__":
-    main()
+    ratio("ours")
+    if "compiled" in times:
+        ratio("compiled")

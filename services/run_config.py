@@ -66,6 +66,9 @@ class TrainSection:
     num_workers: int = 1
     backend: str = "cpu"  # cpu (gloo) | cuda (nccl) | xla
     precision: str = "fp32"  # fp32 | bf16 (autocast)
+    # torch.compile the encoder (backends cpu/cuda): fuses GELU, LayerNorm, dropout and residual adds. The first
+    # steps pay the compile (~1 min for albert-base on 2 CPUs); bench/bench_train.py measures the gain.
+    compile: bool = False
     cpus_per_worker: int = 1
     # Further Ray resources each worker holds besides its CPUs, e.g. {TPU = 4} or {GPU = 1} (CPUs: cpus_per_worker).
     # With backend "xla" they also choose the PJRT runtime: TPU -> TPU, GPU -> CUDA, neither -> PJRT_DEVICE=CPU
@@ -147,6 +150,8 @@ class RunConfig:
                     f"train.resources_per_worker: expected a resource name and a positive amount, got {resource!r} = "
                     f"{amount!r}"
                 )
+        if t.compile and t.backend == "xla":
+            raise ConfigError("train.compile: backend 'xla' already compiles each step into an XLA graph; set it false")
         if t.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision: expected fp32 or bf16, got {t.precision!r}")
         if t.dropout_removal_step < 0:

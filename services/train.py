@@ -38,7 +38,8 @@ to the run's coordinator actor when one is named. Without a coordinator, rank 0 
 S, so a resumed run never duplicates a step, and it keeps the newest `train.keep_last` checkpoints. With a
 coordinator, the coordinator owns metrics.jsonl and checkpoint retention.
 
-Backends. `cpu` and `cuda` run the step above in eager torch (gloo / nccl all-reduce). `xla` (TPU, or the PJRT
+Backends. `cpu` and `cuda` run the step above in eager torch (gloo / nccl all-reduce); with `train.compile` the
+backbone is torch.compiled (albert_core.model.compile_backbone), the step otherwise the same. `xla` (TPU, or the PJRT
 CPU/CUDA runtimes) runs services/xla_backend: the driver picks the PJRT runtime (`pjrt_device_for`) and each worker
 sets it before torch_xla starts. The model moves to the XLA device before the optimizer is made. A background thread
 masks each micro-batch, pads it to a fixed shape (sequence buckets 128 and data.max_seq_length, micro_batch_size
@@ -47,8 +48,10 @@ exact resume work as above. Each step is one compiled graph (`xla_train_step`, d
 `step_seed`); its statistics stay on the device and are read only when logged, with `xla_compiles` (graphs
 compiled so far) added to the metrics. Checkpoints are the same files: synced, then copied tensor by tensor to
 the CPU; a resume reads them on the CPU and copies them into the device model and optimizer. Gradients are summed
-over PJRT replicas (xm.all_reduce); a Ray Train worker is one replica, so more than one xla worker is refused
-unless the PJRT runtime reports as many replicas. Tested: 1 worker on PJRT CPU (tests/xla/test_xla_train.py).
+inside the step over the PJRT replicas (xm.all_reduce) when the runtime's replicas are the Ray workers; when each
+worker is a PJRT runtime of one replica (the usual case: PJRT CPU, one TPU host per worker) they are summed over the
+gloo group Ray Train set up, on host copies (`_xla_host_reduce`; services/xla_backend has the cost). Tested on PJRT
+CPU with 1 and 2 workers (tests/xla/test_xla_train.py).
 
 Ray Data reads the shards with its V1 Parquet path and `num_cpus=0` tasks. Its V2 path lists files in a task
 that asks for a whole CPU, and while the Train workers hold every CPU of a small machine (2 workers × 1 CPU on 2
@@ -82,7 +85,7 @@ from albert_core.batch import mlm_batch
 from albert_core.checkpoint import atomic_write_bytes
 from albert_core.config import ConfigError
 from albert_core.masking import IGNORE_INDEX
-from albert_core.model import AlbertForPreTraining
+from albert_core.model import AlbertForPreTraining, compile_backbone
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import MODEL_FILE, SPECIAL_PIECES, TokenIds, Tokenizer
@@ -449,21 +452,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     xla = _xla_backend(config["pjrt_device"]) if t.backend == "xla" else None
     if xla is not None:
         worker = xla.setup_xla_worker(config["pjrt_device"])
-        if worker.world_size != world:
-            raise RuntimeError(
-                f"train.num_workers: Ray started {world} workers but each one's PJRT {worker.runtime} runtime has "
-                f"{worker.world_size} replica(s), and gradients are summed over the PJRT replicas (xm.all_reduce): "
-                "run backend 'xla' with train.num_workers = 1, or start the workers as one PJRT multi-process job"
-            )
         device = worker.device
     else:
         device = ray.train.torch.get_device()
     distributed = dist.is_available() and dist.is_initialized() and world > 1
     reduce_sum = _all_reduce_sum if distributed else None
+    xla_host_reduce = _xla_host_reduce(worker, world, reduce_sum) if xla is not None else None
     autocast_dtype = torch.bfloat16 if t.precision == "bf16" else None
 
     torch.manual_seed(run.run.seed)  # identical initial weights on every worker
     model = AlbertForPreTraining(run.model_config(ids.vocab_size)).to(device)  # before the optimizer (XLA needs it)
+    if t.compile:
+        compile_backbone(model)
     optimizer = make_optimizer(
         model,
         name=o.name,
@@ -577,6 +577,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                         grad_clip=o.grad_clip,
                         precision=t.precision,
                         seed=step_seed(run.run.seed, rank, step),
+                        host_reduce=xla_host_reduce,
                     )
                 state.step = step
                 state.batches_in_epoch += accumulation
@@ -667,13 +668,50 @@ def _xla_step_batches(xla, next_rows, masked, static, steps: int, accumulation: 
     return loader, groups()
 
 
+def _xla_host_reduce(worker, world: int, reduce_sum: ReduceSum | None) -> ReduceSum | None:
+    """How an xla worker sums over the Ray workers: None = inside the step over the PJRT replicas (xm.all_reduce),
+    else this reduce over the gloo group, applied to host copies of the step's counts and gradients.
+    """
+    if worker.world_size == world:  # one worker, or a PJRT runtime whose replicas are the workers (TPU multi-process)
+        return None
+    if worker.world_size == 1 and reduce_sum is not None:  # each worker one replica (PJRT CPU, one TPU host each)
+        return reduce_sum
+    if worker.world_size == 1:
+        raise RuntimeError(
+            f"train.num_workers: Ray started {world} xla workers without a torch.distributed group to sum their "
+            "gradients over (Ray Train sets up gloo for backend 'xla')"
+        )
+    raise RuntimeError(
+        f"train.num_workers: Ray started {world} workers but each one's PJRT {worker.runtime} runtime has "
+        f"{worker.world_size} replicas; gradients are summed over the PJRT replicas when they are the workers, or "
+        "over the workers through the host when each has one replica: set train.num_workers to "
+        f"{worker.world_size}, or give each worker one device"
+    )
+
+
 def _xla_train_step(
-    xla, model, optimizer, scheduler, micro, *, grad_clip: float, precision: str, seed: int
+    xla,
+    model,
+    optimizer,
+    scheduler,
+    micro,
+    *,
+    grad_clip: float,
+    precision: str,
+    seed: int,
+    host_reduce: ReduceSum | None = None,
 ) -> StepStats:
     """One `xla.xla_train_step`; its statistics stay device tensors until the loop logs them."""
     lr = optimizer.param_groups[0]["lr"]  # the rate this step applies (the scheduler steps inside)
     stats = xla.xla_train_step(
-        model, optimizer, micro, scheduler=scheduler, max_grad_norm=grad_clip, precision=precision, seed=seed
+        model,
+        optimizer,
+        micro,
+        scheduler=scheduler,
+        max_grad_norm=grad_clip,
+        precision=precision,
+        seed=seed,
+        host_reduce=host_reduce,
     )
     return StepStats(
         loss=stats.loss,
@@ -907,7 +945,8 @@ def run_pretraining(
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
-        # XLA sums gradients with its own collectives; gloo carries the loop's control messages (resume choice).
+        # xla: gloo carries the loop's control messages (resume choice) and, when each worker is one PJRT replica,
+        # the host all-reduce of the gradients (services/xla_backend.host_sum_gradients).
         torch_config=TorchConfig(backend="nccl" if t.backend == "cuda" else "gloo"),
         scaling_config=scaling,
         run_config=ray.train.RunConfig(

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from albert_core.config import AlbertConfig, ConfigError
-from albert_core.model import AlbertForPreTraining
+from albert_core.model import AlbertForPreTraining, compile_backbone
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.shards import write_random_shards
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
@@ -160,6 +160,41 @@ def test_bf16_autocast_step_stays_close_to_fp32(rows):
     assert torch.isfinite(bf16.loss)
     assert bf16.loss.item() != fp32.loss.item()  # autocast really ran in bf16
     assert bf16.loss.item() == pytest.approx(fp32.loss.item(), rel=2e-2)
+
+
+def test_compiled_backbone_trains_like_eager_and_keeps_parameter_names(rows):
+    """train.compile: two steps with the torch.compiled backbone give the eager run's losses and weights."""
+    runs = {}
+    for compiled in (False, True):
+        model = fresh_model()
+        if compiled:
+            compile_backbone(model)
+        opt = make_optimizer(model, lr=0.01)
+        sched = make_scheduler(opt, warmup_steps=0, total_steps=10)
+        losses = [train_step(model, opt, sched, micro_batches(rows, 4), grad_clip=1.0).loss.item() for _ in range(2)]
+        runs[compiled] = losses, model.state_dict()
+    (eager_losses, eager_state), (compiled_losses, compiled_state) = runs[False], runs[True]
+    assert list(compiled_state) == list(eager_state)  # checkpoints stay interchangeable
+    assert compiled_losses == pytest.approx(eager_losses, rel=1e-5)
+    assert compiled_losses[1] != compiled_losses[0]  # the second step saw updated weights
+    for name, tensor in eager_state.items():
+        torch.testing.assert_close(compiled_state[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_dropout_removal_reaches_a_compiled_backbone(rows):
+    model = fresh_model(dropout=0.3)
+    compile_backbone(model)
+    model.train()
+    batch = micro_batches(rows, 8)[0]
+    inputs = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    assert not torch.equal(model.albert(*inputs).last_hidden_state, model.albert(*inputs).last_hidden_state)
+    model.set_dropout(0.0)
+    torch.testing.assert_close(model.albert(*inputs).last_hidden_state, model.albert(*inputs).last_hidden_state)
+
+
+def test_train_compile_with_the_xla_backend_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="train.compile: backend 'xla'"):
+        run_config(tmp_path, tmp_path, "c", backend="xla", compile=True)
 
 
 def test_micro_batch_rejects_a_token_outside_the_vocabulary(rows):
