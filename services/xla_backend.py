@@ -6,8 +6,9 @@ its shape and structure from step to step:
 - batches are padded to a few fixed sequence lengths (buckets) and a fixed number of rows (`static_batch`);
 - the MLM loss decodes a fixed number of positions per row (`mlm_positions`, padded, targets -100) instead of the
   model's boolean selection, whose size depends on the data (`static_pretraining_loss`);
-- nothing in a step reads a value back to the host: the loss is returned as a device tensor;
-- `torch_xla.sync()` ends each step, so one step is one graph.
+- nothing in a step reads a value back to the host (a host reduce, below, excepted): the loss is returned as a
+  device tensor;
+- `torch_xla.sync()` ends each step, so one step is one graph (three with a host reduce).
 
 With these, a run compiles one training graph per bucket, plus one for its very first step (the optimizer
 state is created inside it). A learning rate of exactly 0 or 1 is baked into the graph as a constant (other
@@ -24,11 +25,24 @@ values are graph inputs), so a schedule that ends at 0 adds one graph per bucket
             if step % log_every == 0: log({k: v.item() ...})             # the only host reads
             if step % checkpoint_every == 0: save_xla_train_state(directory, model, optimizer, scheduler, state)
 
-Data parallelism sums gradients over the PJRT runtime's `xr.world_size()` replicas with `xm.all_reduce` inside
-the step (not over torch.distributed). A process that PJRT did not start as one of several replicas (a Ray Train
-worker is such a process) has world size 1, so the train loop refuses more than one worker unless the runtime
-reports as many replicas as Ray started workers. XLA:CPU has no working cross-device collectives
-(pytorch/xla#5005), so only world_size 1 is tested here.
+Data parallelism. Two ways to sum the gradients, chosen by the train loop (services/train.py):
+
+- over the PJRT runtime's `xr.world_size()` replicas with `xm.all_reduce` inside the step (host_reduce=None),
+  when the runtime's replicas are the data-parallel workers (a PJRT multi-process or SPMD job). The step stays one
+  graph. Not tested here: XLA:CPU has no cross-device collectives (pytorch/xla#5005).
+- over Ray workers that are each a PJRT runtime of one replica (a Ray Train worker is such a process: PJRT CPU, or
+  one TPU host per worker), with `host_reduce`: a SUM over the workers of a CPU tensor, in place (train.py passes
+  a gloo all-reduce over the group Ray Train set up). The step then reads back twice: the counts of the global
+  batch (3 integers) before the losses are scaled, and after backward one flat float32 tensor of all gradients
+  plus the step's statistics; each is summed on the host and sent back as device data. That is one device->host
+  and one host->device copy of the gradients per step, plus a gloo ring all-reduce of them (each worker sends and
+  receives ~2(n-1)/n of the buffer): 47 MB for albert-base (11.7M parameters), 0.9 GB for albert-xxlarge
+  (223M). A step runs three graphs instead of one (counts; forward + backward; update), so a run compiles two
+  graphs per bucket (per combination of buckets when accumulating) plus two for the update (first step,
+  steady). Tested on PJRT CPU with 2 Ray workers (tests/xla/test_xla_train.py).
+
+Several devices in one process (a TPU host's chips) need PJRT replicas or SPMD, which the loop does not set up:
+a Ray worker drives one device, so a TPU slice runs one worker per chip (deploy.md).
 
 Requires torch-xla 2.9 with torch 2.9 (scripts/xla_venv.sh builds that virtualenv).
 """
@@ -38,7 +52,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -342,6 +356,9 @@ class XlaStepStats:
     tokens: Tensor  # real (non-pad) tokens in the global batch
 
 
+HostReduce = Callable[[Tensor], Tensor]  # sums a CPU tensor over the Ray workers, in place (gloo all-reduce)
+
+
 def xla_train_step(
     model: AlbertForPreTraining,
     optimizer: torch.optim.Optimizer,
@@ -351,14 +368,21 @@ def xla_train_step(
     max_grad_norm: float = 1.0,
     precision: str = "fp32",
     seed: int | None = None,
+    host_reduce: HostReduce | None = None,
 ) -> XlaStepStats:
     """One optimizer update from `static_batch`es already on the device (one, or several to accumulate).
 
     As services/train.py's CPU/GPU step: the MLM loss is averaged over every predicted position of the global
-    batch (all micro-batches on all replicas) and the pair loss over every labelled row, so the update does not
-    depend on how the batch is split; gradients are summed over replicas, the global norm is clipped at
+    batch (all micro-batches on all replicas or workers) and the pair loss over every labelled row, so the update
+    does not depend on how the batch is split; gradients are summed over them, the global norm is clipped at
     max_grad_norm (<= 0: not clipped), then the optimizer and scheduler step. seed reseeds the device RNG
-    (dropout) for this step. The whole step is one graph, ended by torch_xla.sync(); nothing is read back.
+    (dropout) for this step.
+
+    Without host_reduce the sums run over the PJRT runtime's replicas (xm.all_reduce, none when there is one) and
+    the whole step is one graph, ended by torch_xla.sync(); nothing is read back. With host_reduce (this process
+    is one PJRT replica of several Ray workers) they run over the workers through host copies, so the step reads
+    back twice and runs three graphs: the counts (read back, reduced, sent back as data), forward + backward ending
+    in one flat tensor of the gradients and statistics (read back, reduced, sent back), and the update.
     """
     if isinstance(micro_batches, Mapping):
         micro_batches = [micro_batches]
@@ -366,29 +390,33 @@ def xla_train_step(
         raise ValueError("xla_train_step: no micro-batches")
     device = micro_batches[0]["input_ids"].device
     replicas = xr.world_size()
+    if host_reduce is not None and replicas > 1:
+        raise ValueError(
+            f"xla_train_step: host_reduce with {replicas} PJRT replicas; sum over the replicas (xm.all_reduce, "
+            "host_reduce=None) or run one replica per process"
+        )
     if seed is not None:
         xm.set_rng_state(seed, device=device)
     model.train()
     optimizer.zero_grad(set_to_none=True)
 
-    counts = torch.stack(
+    counts = torch.stack(  # predicted positions, labelled pairs, real tokens
         [
-            torch.stack([(mb["mlm_targets"] != IGNORE_INDEX).sum(), (mb["pair_labels"] != IGNORE_INDEX).sum()])
+            torch.stack(
+                [(mb["mlm_targets"] != IGNORE_INDEX).sum(), (mb["pair_labels"] != IGNORE_INDEX).sum(), mb["num_tokens"]]
+            )
             for mb in micro_batches
         ]
     ).sum(0)
-    tokens = torch.stack([mb["num_tokens"] for mb in micro_batches]).sum()
-    if replicas > 1:
-        counts, tokens = xm.all_reduce(xm.REDUCE_SUM, [counts, tokens])
-    n_mlm, n_pair = counts.clamp(min=1).unbind()
-    sums = []
-    for mb in micro_batches:
-        with autocast(precision, device):
-            part = static_pretraining_loss(model, mb)
-        (part.mlm_sum / n_mlm + part.pair_sum / n_pair).backward()
-        sums.append(torch.stack([part.mlm_sum, part.pair_sum, part.mlm_correct.float(), part.pair_correct.float()]))
-    sums = torch.stack(sums).sum(0).detach()
-    if replicas > 1:
+    if host_reduce is not None:
+        counts = host_sum(counts, host_reduce).to(device)  # device data: global counts are inputs, not constants
+    elif replicas > 1:
+        counts = xm.all_reduce(xm.REDUCE_SUM, counts)
+    n_mlm, n_pair = counts[:2].clamp(min=1).unbind()
+    sums = accumulate(model, micro_batches, n_mlm=n_mlm, n_pair=n_pair, precision=precision)
+    if host_reduce is not None:
+        sums = host_sum_gradients(model, sums, host_reduce)
+    elif replicas > 1:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         xm.all_reduce(xm.REDUCE_SUM, grads + [sums])  # in place: each replica's loss is already globally scaled
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
@@ -402,10 +430,65 @@ def xla_train_step(
         mlm_acc=sums[2] / n_mlm,
         pair_acc=sums[3] / n_pair,
         grad_norm=grad_norm.detach(),
-        tokens=tokens,
+        tokens=counts[2],
     )
     torch_xla.sync()
     return stats
+
+
+def accumulate(
+    model: AlbertForPreTraining,
+    micro_batches: Sequence[Mapping[str, Tensor]],
+    *,
+    n_mlm: Tensor,
+    n_pair: Tensor,
+    precision: str,
+) -> Tensor:
+    """Forward + backward of each micro-batch, its losses scaled by the global counts; returns the summed
+    (mlm loss, pair loss, mlm correct, pair correct). A function of its own so that no per-micro-batch tensor
+    outlives it: a live one would be computed again by the next graph that syncs (the update's, with a host
+    reduce), tying that graph to the bucket.
+    """
+    sums = []
+    for mb in micro_batches:
+        with autocast(precision, mb["input_ids"].device):
+            part = static_pretraining_loss(model, mb)
+        (part.mlm_sum / n_mlm + part.pair_sum / n_pair).backward()
+        sums.append(torch.stack([part.mlm_sum, part.pair_sum, part.mlm_correct.float(), part.pair_correct.float()]))
+    return torch.stack(sums).sum(0).detach()
+
+
+def host_sum(tensor: Tensor, host_reduce: HostReduce) -> Tensor:
+    """A device tensor's value summed over the workers, on the host.
+
+    .cpu() runs the graph that computes this tensor (only it) and copies the result; host_reduce sums the copy
+    over the workers in place.
+    """
+    host = tensor.cpu()
+    host_reduce(host)
+    return host
+
+
+def host_sum_gradients(model: nn.Module, sums: Tensor, host_reduce: HostReduce) -> Tensor:
+    """Set every trainable parameter's .grad to its sum over the workers; return `sums` summed likewise.
+
+    The gradients (zeros where a parameter got none, as the CPU path does) and `sums` are concatenated on the
+    device into one float32 tensor, copied to the host, summed over the workers in one all-reduce, split there and
+    sent back to the device in one batched transfer: each .grad arrives as device data of its own, so the update's
+    graph has the same inputs at every step and carries no slicing of a flat buffer.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1).float() for g in grads] + [sums.float()])
+    for p in params:
+        p.grad = None  # only `flat` is computed: the graph does not output the gradients twice
+    host = host_sum(flat, host_reduce)
+    pieces = host.split([p.numel() for p in params] + [sums.numel()])
+    cpu_grads = [piece.view_as(p).to(p.dtype) for piece, p in zip(pieces, params, strict=False)]
+    on_device = xm.send_cpu_data_to_device(cpu_grads + [pieces[-1]], sums.device)
+    for p, grad in zip(params, on_device, strict=False):
+        p.grad = grad
+    return on_device[-1]
 
 
 # --- checkpoints through the CPU -----------------------------------------------------------------------

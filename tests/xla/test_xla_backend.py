@@ -321,3 +321,47 @@ def test_unknown_precision_is_rejected_naming_the_field(worker):
     batch = to_device(static_batch(pair_batch([20], seed=600), buckets=BUCKETS), worker.device)
     with pytest.raises(ValueError, match="train.precision: expected one of fp32, bf16, got 'fp16'"):
         xla_train_step(model, optimizer, batch, precision="fp16")
+
+
+# --- summing over Ray workers through host copies (host_reduce) ----------------------------------------
+
+
+def doubled(host: torch.Tensor) -> torch.Tensor:
+    """The host all-reduce of two workers that hold the same values (a SUM over identical replicas), in place."""
+    assert host.device.type == "cpu"  # the step hands the reduce host copies, as gloo needs
+    return host.mul_(2)
+
+
+def test_host_reduce_over_two_identical_workers_takes_the_step_of_the_batch_twice(worker):
+    torch.manual_seed(0)
+    reduced_model = AlbertForPreTraining(tiny_config()).to(worker.device)
+    twice_model = copy.deepcopy(reduced_model)
+    reduced_opt, reduced_sched = lamb(reduced_model)
+    twice_opt, twice_sched = lamb(twice_model)
+    rng = np.random.default_rng(11)
+    reduced, twice, compiles, tokens = [], [], [], []
+    for step in range(8):
+        short = step % 2 == 0  # both buckets, lengths varying within each: graphs must not follow the counts
+        lengths = rng.integers(8, 33, size=4) if short else rng.integers(33, 65, size=4)
+        raw = pair_batch(lengths.tolist(), seed=1000 + step, first_id=10 * step)
+        tokens.append(2 * int(lengths.sum()))
+        batch = to_device(static_batch(raw, buckets=BUCKETS), worker.device)
+        before = compile_count()
+        got = xla_train_step(reduced_model, reduced_opt, batch, scheduler=reduced_sched, host_reduce=doubled)
+        compiles.append(compile_count() - before)
+        want = xla_train_step(twice_model, twice_opt, [batch, batch], scheduler=twice_sched)
+        keys = ("loss", "mlm_loss", "pair_loss", "mlm_acc", "pair_acc", "grad_norm", "tokens")
+        reduced.append([getattr(got, k).item() for k in keys])
+        twice.append([getattr(want, k).item() for k in keys])
+    reduced, twice = np.array(reduced), np.array(twice)
+    print(f"\nhost-reduced loss {reduced[:, 0].round(6).tolist()}\nbatch-twice  loss {twice[:, 0].round(6).tolist()}")
+    print(f"max |diff| per stat {np.abs(reduced - twice).max(axis=0).tolist()}; compiles per step {compiles}")
+    assert np.ptp(reduced[:, 0]) > 0.01  # the steps differ: matching is not trivial
+    np.testing.assert_allclose(reduced, twice, rtol=1e-5, atol=1e-6)
+    assert reduced[:, 6].tolist() == tokens  # the token count is the global one
+    reduced_params = to_cpu(reduced_model.state_dict())
+    for key, value in to_cpu(twice_model.state_dict()).items():
+        torch.testing.assert_close(reduced_params[key], value, atol=1e-6, rtol=1e-5)
+    # per bucket: the counts graph and the forward/backward graph; then the update (first step: + optimizer state)
+    assert sum(compiles) <= 2 * len(BUCKETS) + 2
+    assert sum(compiles[4:]) == 0  # once each bucket has run a steady step, nothing compiles again

@@ -1,9 +1,10 @@
-"""train.backend = "xla" end to end: real Ray Train runs (1 worker, PJRT CPU) of the pretraining loop.
+"""train.backend = "xla" end to end: real Ray Train runs (PJRT CPU) of the pretraining loop.
 
-The same tiny run on backend cpu and backend xla takes the same steps (dropout 0: the two RNGs differ), its
+The same tiny run on backend cpu and backend xla takes the same steps (dropout 0: the two RNGs differ), on 1 worker
+and on 2 workers (each worker one PJRT replica: gradients summed over the gloo group through host copies); its
 checkpoints load with plain torch, and a crashed xla run resumed from its checkpoint (read on the CPU, copied to the
-device) repeats the uninterrupted run's steps, through dropout removal. One worker only: XLA:CPU has no
-cross-device collectives, so the multi-replica all-reduce is not exercised here.
+device) repeats the uninterrupted run's steps, through dropout removal. XLA:CPU has no cross-device collectives, so
+the in-graph all-reduce over PJRT replicas (xm.all_reduce) is not exercised here.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from albert_core.checkpoint import load_model  # noqa: E402
 from albert_core.config import ConfigError  # noqa: E402
 from albert_core.shards import EXAMPLE_SCHEMA, example_id  # noqa: E402
 from services.run_config import RunConfig, TrainSection  # noqa: E402
-from services.train import STOP_ENV, pjrt_device_for, read_metrics, run_pretraining  # noqa: E402
+from services.train import STOP_ENV, TRACE_ENV, pjrt_device_for, read_metrics, run_pretraining  # noqa: E402
 from services.train_state import latest_good, list_checkpoints, verify  # noqa: E402
 
 VOCAB = 96
@@ -72,19 +73,22 @@ def write_shards(root: Path, file_rows=(16, 16), seed: int = 0) -> Path:
     return root
 
 
-def run_config(output: Path, shards: Path, name: str, *, backend: str, dropout: bool = False) -> RunConfig:
-    """1 worker x micro-batch 4 x accumulation 2; 32 rows = 4 steps per epoch; 6 steps cross into epoch 1."""
+def run_config(
+    output: Path, shards: Path, name: str, *, backend: str, dropout: bool = False, workers: int = 1, steps: int = 6
+) -> RunConfig:
+    """workers x micro-batch 4 x accumulation 2. 1 worker: 32 rows = 4 steps per epoch; 6 steps cross into epoch 1.
+    2 workers: one 16-row shard each, 2 steps per epoch."""
     return RunConfig.from_dict(
         {
             "run": {"name": name, "output_dir": str(output), "seed": 11},
             "model": {"preset": "albert-tiny", "overrides": {**MODEL, **({} if dropout else NO_DROPOUT)}},
             "data": {"shards": str(shards), "max_seq_length": SEQ},
-            "optim": {"lr": 0.01, "warmup_steps": 2, "total_steps": 6},
+            "optim": {"lr": 0.01, "warmup_steps": 2, "total_steps": steps},
             "train": {
                 "backend": backend,
-                "global_batch_size": 8,
+                "global_batch_size": 8 * workers,
                 "micro_batch_size": 4,
-                "num_workers": 1,
+                "num_workers": workers,
                 "log_every": 1,
                 "checkpoint_every": 3,
                 "keep_last": 3,
@@ -121,6 +125,20 @@ def cpu_and_xla(ray_cluster, shards, tmp_path_factory):
         backend: run_pretraining(run_config(out, shards, backend, backend=backend), resume=False)
         for backend in ("cpu", "xla")
     }
+
+
+@pytest.fixture(scope="module")
+def two_workers_cpu_and_xla(ray_cluster, shards, tmp_path_factory):
+    """The same 4 steps on 2 workers, backend cpu then xla, each with its example trace (one file per rank)."""
+    out = tmp_path_factory.mktemp("two_workers")
+    runs = {}
+    for backend in ("cpu", "xla"):
+        trace = out / f"trace-{backend}"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(TRACE_ENV, str(trace))
+            config = run_config(out, shards, f"two-{backend}", backend=backend, workers=2, steps=4)
+            runs[backend] = (run_pretraining(config, resume=False), trace)
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +197,22 @@ def test_pjrt_device_tpu_without_tpu_resources_is_refused_naming_the_field():
 def test_bad_resources_per_worker_are_rejected_naming_the_field(resources, message):
     with pytest.raises(ConfigError, match=message):
         RunConfig.from_dict({"train": {"backend": "xla", "resources_per_worker": resources}})
+
+
+def test_xla_workers_sum_in_graph_over_pjrt_replicas_through_the_host_over_ray_workers_or_refuse():
+    from services.train import _all_reduce_sum, _xla_host_reduce
+    from services.xla_backend import XlaWorker
+
+    def worker(replicas: int) -> XlaWorker:
+        return XlaWorker(device=torch.device("cpu"), runtime="TPU", rank=0, world_size=replicas)
+
+    assert _xla_host_reduce(worker(1), 1, None) is None  # one worker: nothing to sum
+    assert _xla_host_reduce(worker(4), 4, _all_reduce_sum) is None  # the replicas are the workers: xm.all_reduce
+    assert _xla_host_reduce(worker(1), 2, _all_reduce_sum) is _all_reduce_sum  # one replica each: gloo, on the host
+    with pytest.raises(RuntimeError, match="train.num_workers: Ray started 2 xla workers without a torch.distributed"):
+        _xla_host_reduce(worker(1), 2, None)
+    with pytest.raises(RuntimeError, match="train.num_workers: Ray started 16 workers .* TPU runtime has 4 replicas"):
+        _xla_host_reduce(worker(4), 16, _all_reduce_sum)
 
 
 # --- the device loader the loop reads through (no Ray) ---------------------------------------------------
@@ -268,6 +302,45 @@ def test_xla_checkpoints_load_with_plain_torch_and_match_the_cpu_run(cpu_and_xla
     assert optimizer.keys() == load_file(str(cpu.checkpoint / "optimizer.safetensors")).keys()
     model = load_model(xla.checkpoint)  # albert_core, on the CPU
     assert all(torch.equal(model.state_dict()[k], weights[k]) for k in weights if k in model.state_dict())
+
+
+def read_trace(trace: Path) -> dict[int, list[dict]]:
+    return {
+        int(path.stem.removeprefix("rank")): [json.loads(line) for line in path.read_text().splitlines()]
+        for path in sorted(trace.glob("rank*.jsonl"))
+    }
+
+
+def test_two_xla_workers_sum_their_gradients_through_the_host_and_match_two_cpu_workers(two_workers_cpu_and_xla):
+    (cpu, cpu_trace), (xla, xla_trace) = two_workers_cpu_and_xla["cpu"], two_workers_cpu_and_xla["xla"]
+    cpu_records, xla_records = read_metrics(cpu.metrics_file), read_metrics(xla.metrics_file)
+    assert [r["step"] for r in xla_records] == [r["step"] for r in cpu_records] == [1, 2, 3, 4]
+    assert [r["epoch"] for r in xla_records] == [0, 0, 1, 1]
+    # Both runs really had 2 workers, in 2 processes, each training its own half of every global batch.
+    ranks = read_trace(xla_trace)
+    assert sorted(ranks) == [0, 1]
+    assert len({line["pid"] for lines in ranks.values() for line in lines}) == 2
+    for step in range(4):
+        ids = [set(ranks[r][step]["example_ids"]) for r in (0, 1)]
+        assert len(ids[0]) == len(ids[1]) == 8 and not ids[0] & ids[1]  # micro 4 x accumulation 2, disjoint
+
+    def examples(trace: dict[int, list[dict]]) -> list[tuple]:
+        return [(r, line["step"], line["epoch"], line["example_ids"]) for r, lines in trace.items() for line in lines]
+
+    assert examples(ranks) == examples(read_trace(cpu_trace))  # the cpu run's example ids, per rank and step
+    a, b = step_table(cpu_records), step_table(xla_records)
+    relative = np.abs(a - b) / np.abs(a).clip(min=1e-12)
+    print(f"\n2 workers: cpu loss {a[:, 0].round(6).tolist()}\n           xla loss {b[:, 0].round(6).tolist()}")
+    print(f"max relative diff: loss {relative[:, 0].max():.2e}, grad norm {relative[:, 3].max():.2e}")
+    assert np.ptp(a[:, 0]) > 1e-3 * a[:, 0].max()  # the steps differ far more than the tolerance
+    assert relative[:, :4].max() <= 1e-5  # loss, mlm loss, pair loss, grad norm
+    assert np.abs(a[:, 4:] - b[:, 4:]).max() <= 1 / 50  # accuracies: at most one argmax flip of ~120 masked tokens
+    compiles = [r["xla_compiles"] for r in xla_records]
+    print(f"graphs compiled after each step (rank 0): {compiles}")
+    # per pair of micro-batch buckets (128|136 x 128|136): counts + forward/backward; update: first step + steady
+    assert compiles == sorted(compiles) and compiles[-1] <= 2 * 4 + 2
+    weights, reference = (load_file(str(r.checkpoint / "model.safetensors")) for r in (xla, cpu))
+    assert max((weights[k] - reference[k]).abs().max().item() for k in reference) <= WEIGHT_TOLERANCE
 
 
 def test_crashed_xla_run_resumes_from_its_checkpoint_and_repeats_the_lost_steps(xla_crashed_then_resumed):
