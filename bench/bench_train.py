@@ -192,3 +192,7 @@ def main() -> None:
     ratio("ours")
     if "compiled" in times:
         ratio("compiled")
+
+
+if __name__ == "__main__":
+    main()

@@ -70,7 +70,7 @@ class TrainSection:
     # steps pay the compile (~1 min for albert-base on 2 CPUs); bench/bench_train.py measures the gain.
     compile: bool = False
     cpus_per_worker: int = 1
-    # Further Ray resources each worker holds besides its CPUs, e.g. {TPU = 4} or {GPU = 1} (CPUs: cpus_per_worker).
+    # Further Ray resources each worker holds besides its CPUs, e.g. {TPU = 1} or {GPU = 1} (CPUs: cpus_per_worker).
     # With backend "xla" they also choose the PJRT runtime: TPU -> TPU, GPU -> CUDA, neither -> PJRT_DEVICE=CPU
     # must be set in the driver's environment (services/train.py, `pjrt_device_for`).
     resources_per_worker: dict[str, float] = field(default_factory=dict)

@@ -832,7 +832,7 @@ def pjrt_device_for(train: TrainSection, environ: Mapping[str, str] = os.environ
         raise ConfigError(
             "train.resources_per_worker: backend 'xla' with no TPU or GPU per worker would run on the PJRT CPU "
             "runtime, which is used only when asked for: set PJRT_DEVICE=CPU in the driver's environment, or give "
-            "the workers accelerators, e.g. resources_per_worker = {TPU = 4}"
+            "the workers accelerators, e.g. resources_per_worker = {TPU = 1}"
         )
     if asked in ("TPU", "CUDA"):
         wanted = "TPU" if asked == "TPU" else "GPU"
