@@ -79,6 +79,10 @@ class TrainSection:
     keep_last: int = 3
     # The paper removes dropout late (~1M steps); 0 keeps the configured dropout for the whole run.
     dropout_removal_step: int = 0
+    # A wall-clock budget (Table 6: the same training time for every model): the run ends at the first step that
+    # brings its training time (summed over resumes) to max_seconds, and saves that step as its final checkpoint.
+    # The learning-rate schedule still runs over optim.total_steps. 0: no budget, the run ends at total_steps.
+    max_seconds: float = 0.0
     max_failures: int = 3
 
     @property
@@ -154,6 +158,8 @@ class RunConfig:
             raise ConfigError("train.compile: backend 'xla' already compiles each step into an XLA graph; set it false")
         if t.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision: expected fp32 or bf16, got {t.precision!r}")
+        if not 0 <= t.max_seconds < math.inf:
+            raise ConfigError(f"train.max_seconds: expected seconds >= 0 (0: no budget), got {t.max_seconds}")
         if t.dropout_removal_step < 0:
             raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
         if o.name not in ("lamb", "adamw"):

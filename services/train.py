@@ -30,6 +30,11 @@ gradients with one flat all-reduce per optimizer step, which also carries the st
 shared layers make that buffer small: 12M floats for albert-base. After that every worker clips the global norm
 (`optim.grad_clip`) and applies LAMB to identical gradients, so replicas stay identical without a broadcast.
 
+Budget. `train.max_seconds` > 0 ends the run at the first step that brings its training time (wall time in the
+loop, summed over resumes through the checkpoints' `train_seconds`) to the budget: rank 0's clock decides and one
+tiny broadcast per step tells every worker, so all stop at the same step, which is saved as the final checkpoint
+(the coordinator evaluates it as the run's last). A resumed run whose budget is spent does not train further.
+
 Reporting. Every `train.log_every` steps, every `train.checkpoint_every` steps and at the end, all workers call
 `ray.train.report`, which acts as a barrier. On checkpoint steps rank 0 first writes a training checkpoint to
 `<run_dir>/checkpoints/step_XXXXXXXX` (`services.train_state`) and attaches it. Rank 0 also sends the metrics
@@ -522,7 +527,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     window_start, window_tokens = time.perf_counter(), []  # tokens per step (XLA: device scalars, read when logging)
     buckets = tuple(sorted({min(128, run.data.max_seq_length), run.data.max_seq_length}))  # XLA sequence lengths
 
-    while state.step < o.total_steps:
+    loop_started, seconds_before = time.perf_counter(), state.train_seconds
+    out_of_time = bool(t.max_seconds) and state.train_seconds >= t.max_seconds  # a finished budget run resumed
+
+    while state.step < o.total_steps and not out_of_time:
         batches = shard.iter_batches(
             batch_size=t.micro_batch_size, batch_format="numpy", drop_last=True, prefetch_batches=2
         )
@@ -585,7 +593,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                     state.epoch, state.batches_in_epoch = state.epoch + 1, 0
                 window_tokens.append(stats.tokens)
 
-                is_last = step == o.total_steps
+                state.train_seconds = seconds_before + time.perf_counter() - loop_started
+                if t.max_seconds:
+                    out_of_time = _rank0_decides(state.train_seconds >= t.max_seconds, distributed)
+                is_last = step == o.total_steps or out_of_time
                 save = step % t.checkpoint_every == 0 or is_last
                 if step % t.log_every == 0 or save:
                     tokens = sum(int(n) for n in window_tokens)
@@ -601,7 +612,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                         save_state = save_train_state if xla is None else xla.save_xla_train_state  # via CPU copies
                         path = save_state(checkpoint_dir(checkpoints, step), model, optimizer, scheduler, state)
                         if coordinator is not None:
-                            coordinator.checkpoint_saved.remote(step, str(path), metrics)
+                            coordinator.checkpoint_saved.remote(step, str(path), metrics, final=is_last)
                         else:
                             _prune_checkpoints(checkpoints, t.keep_last)
                         checkpoint = ray.train.Checkpoint.from_directory(str(path))
@@ -611,6 +622,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                         ray.train.report(metrics)
                 if stop_after == step and step > started_at:
                     raise SimulatedCrash(f"{STOP_ENV}={stop_after}: stopping after step {step} to simulate a crash")
+                if out_of_time:
+                    log.info("train.max_seconds=%s spent at step %d: the run ends here", t.max_seconds, step)
+                    break
         finally:
             if loader is not None:
                 loader.close()  # stops its reading thread before the rows iterator closes
@@ -725,6 +739,18 @@ def _xla_train_step(
     )
 
 
+def _rank0_decides(flag: bool, distributed: bool) -> bool:
+    """Rank 0's flag on every worker (one tiny gloo broadcast), so that all of them stop at the same step."""
+    if not distributed:
+        return flag
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    decision = torch.tensor([int(flag)], device=device)
+    dist.broadcast(decision, src=0)
+    return bool(decision.item())
+
+
 def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
 
@@ -773,6 +799,7 @@ def _metrics(step: int, epoch: int, stats: StepStats, tokens_per_s: float, state
     if not math.isfinite(metrics["loss"]):
         raise FloatingPointError(f"step {step}: loss is {metrics['loss']} (mlm {metrics['mlm_loss']})")
     metrics.update(lr=float(stats.lr), tokens_per_s=float(tokens_per_s), dropout=float(state.dropout))
+    metrics["train_seconds"] = round(state.train_seconds, 3)
     return metrics
 
 
@@ -850,6 +877,7 @@ class TrainResult:
     checkpoint: Path | None
     metrics: dict[str, float]  # reported at that step
     metrics_file: Path
+    finished: bool = False  # the run reached optim.total_steps or spent train.max_seconds
 
 
 def run_pretraining(
@@ -964,8 +992,9 @@ def run_pretraining(
     trainer.fit()
 
     final = latest_good(checkpoints)
-    step, metrics = 0, {}
+    step, metrics, seconds = 0, {}, 0.0
     if final is not None:
         state = read_trainer_json(final)["state"]
-        step, metrics = state["step"], state["metrics"]
-    return TrainResult(run_dir, step, final, metrics, run_dir / METRICS_FILE)
+        step, metrics, seconds = state["step"], state["metrics"], state.get("train_seconds", 0.0)
+    finished = step >= config.optim.total_steps or bool(t.max_seconds and seconds >= t.max_seconds)
+    return TrainResult(run_dir, step, final, metrics, run_dir / METRICS_FILE, finished)

@@ -73,6 +73,7 @@ class TrainerState:
     world_size: int = 1
     micro_batch_size: int = 0
     metrics: dict[str, float] = field(default_factory=dict)  # the last metrics reported at this step
+    train_seconds: float = 0.0  # wall time spent in the training loop up to this step, summed over resumes
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str) -> TrainerState:

@@ -327,7 +327,7 @@ def losses(records):
 
 def test_two_worker_run_completes_and_keeps_the_last_checkpoints(uninterrupted):
     config, result = uninterrupted
-    assert result.step == 8
+    assert result.step == 8 and result.finished
     kept = list_checkpoints(config.run_dir / "checkpoints")
     assert [step for step, _ in kept] == [8, 6]  # keep_last = 2
     for _, path in kept:
@@ -379,6 +379,26 @@ def test_resumed_run_ends_with_the_same_weights(uninterrupted, crashed_then_resu
     b = load_file(resumed.checkpoint / "model.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_spent_wall_clock_budget_ends_every_worker_at_the_same_step_and_a_rerun_trains_no_more(
+    ray_local, shards, tmp_path
+):
+    config = run_config(tmp_path, shards, "budget", max_seconds=1e-3)  # the first step spends it
+    result = run_pretraining(config, resume=False)
+    assert (result.step, result.finished) == (1, True)
+    assert [step for step, _ in list_checkpoints(config.run_dir / "checkpoints")] == [1]
+    records = read_metrics(config.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1]
+    assert records[0]["train_seconds"] >= 1e-3
+    again = run_pretraining(config, resume=True)
+    assert (again.step, again.finished) == (1, True)
+    assert read_metrics(config.run_dir / "metrics.jsonl") == records
+
+
+def test_a_negative_budget_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="train.max_seconds: expected seconds >= 0"):
+        run_config(tmp_path, tmp_path, "n", max_seconds=-1)
 
 
 def test_resume_false_refuses_a_run_directory_with_checkpoints(uninterrupted):
