@@ -737,7 +737,7 @@ def run_cell(spec: ExperimentSpec, cell: Cell, *, address: str | None = None, pr
     preprocess_s = time.time() - started
     result = pretrain(config, address=address, resume=True, progress=progress)
     train_s = time.time() - started - preprocess_s
-    if result.checkpoint is None or result.step != config.optim.total_steps:
+    if result.checkpoint is None or not result.finished:  # finished: total_steps reached or train.max_seconds spent
         raise RuntimeError(
             f"cell {cell.name}: the run stopped at step {result.step} of {config.optim.total_steps} "
             f"({config.run_dir}); rerun the experiment to resume it"
