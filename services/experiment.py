@@ -726,10 +726,17 @@ def run_cell(spec: ExperimentSpec, cell: Cell, *, address: str | None = None, pr
 
     config = cell_config(spec, cell)
     source = init_source(spec, cell)
-    if source is not None and finished_result(spec, source) is None:
-        raise ConfigError(
-            f"cell {cell.name}: model.init_from names cell {source.name}, which has not finished; run it first"
-        )
+    if source is not None:
+        done = finished_result(spec, source)
+        if done is None:
+            raise ConfigError(
+                f"cell {cell.name}: model.init_from names cell {source.name}, which has not finished; run it first"
+            )
+        if Path(done["checkpoint"]).resolve() != Path(config.model.init_from).resolve():
+            raise ConfigError(
+                f"cell {cell.name}: model.init_from names cell {source.name}'s checkpoint at optim.total_steps, "
+                f"but that cell finished at {done['checkpoint']} (stopped by train.max_seconds?)"
+            )
     options = cell_preprocess(spec, cell, config.data.max_seq_length)
     started = time.time()
     if options is not None:

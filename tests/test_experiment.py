@@ -268,6 +268,18 @@ def test_a_marker_written_under_another_configuration_is_refused(recipe, tmp_pat
         pending_cells(changed)
 
 
+def test_a_stacked_cell_does_not_run_before_its_source_cell_reached_its_last_step(recipe, tmp_path):
+    spec = spec_of(recipe, tmp_path, cells=STACKING)
+    shallow, stacked = spec.expand()
+    with pytest.raises(ConfigError, match="names cell shallow, which has not finished; run it first"):
+        run_experiment(spec, only=["stacked"])
+    early = final_checkpoint(cell_config(spec, shallow)).parent / "step_00000002"
+    finish(spec, shallow, checkpoint=str(early))  # a run stopped by train.max_seconds before total_steps
+    with pytest.raises(ConfigError, match=r"but that cell finished at .*step_00000002"):
+        run_experiment(spec, only=["stacked"])
+    assert not cell_config(spec, stacked).run_dir.exists()  # nothing ran
+
+
 def test_the_results_table_lists_finished_cells_with_parameters_and_accuracies(recipe, tmp_path):
     spec = spec_of(recipe, tmp_path, grid={"model.overrides.sharing": ["all", "none"]})
     shared, unshared = spec.expand()
