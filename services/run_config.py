@@ -42,6 +42,9 @@ class DataSection:
     max_ngram: int = 3
     # Pad every batch to max_seq_length (static shapes for XLA) instead of the longest row rounded up to 8.
     static_shapes: bool = False
+    # With model.init_from: read on from where that checkpoint's run stopped (its epoch and data position; same
+    # shards, workers and micro-batch size), so a stacked stage trains on new examples, not the first ones again.
+    continue_from_init: bool = False
 
 
 @dataclass
@@ -185,6 +188,10 @@ class RunConfig:
                 raise ConfigError(f"optim.trust_clip: expected [lo, hi] with 0 <= lo <= hi, got {clip!r}")
             if o.name != "lamb":
                 raise ConfigError(f"optim.trust_clip: a LAMB option, but optim.name is {o.name!r}")
+        if d.continue_from_init and not self.model.init_from:
+            raise ConfigError(
+                "data.continue_from_init: needs model.init_from (the checkpoint whose data position to take)"
+            )
         if not 0 < d.mask_prob < 1:
             raise ConfigError(f"data.mask_prob: expected in (0, 1), got {d.mask_prob}")
         if d.max_seq_length > self.model_config(30000).max_position_embeddings:

@@ -89,6 +89,7 @@ import torch
 from albert_core.batch import mlm_batch
 from albert_core.checkpoint import atomic_write_bytes
 from albert_core.config import ConfigError
+from albert_core.files import CorruptCheckpoint
 from albert_core.masking import IGNORE_INDEX
 from albert_core.model import AlbertForPreTraining, compile_backbone
 from albert_core.optim import make_optimizer, make_scheduler
@@ -511,6 +512,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         from albert_core.stacking import load_stacked
 
         load_stacked(model, config["init_from"])
+        if config.get("init_data_position"):  # data.continue_from_init: read on where that run stopped
+            state.epoch, state.batches_in_epoch = config["init_data_position"]
     if rank == 0:
         checkpoints.mkdir(parents=True, exist_ok=True)
         for stale in checkpoints.glob(".step_*"):  # temporaries of a save that crashed
@@ -834,6 +837,21 @@ def _resume_point(coordinator, checkpoints: Path) -> Path | None:
 # the driver
 
 
+def _init_data_position(init_from: Path, train: TrainSection) -> tuple[int, int]:
+    """(epoch, micro-batches consumed) where the run that wrote checkpoint `init_from` stopped reading its data."""
+    try:
+        state = read_trainer_json(init_from)["state"]
+    except CorruptCheckpoint as err:
+        raise ConfigError(f"data.continue_from_init: {init_from} has no readable training state ({err})") from None
+    layout = (state.get("world_size"), state.get("micro_batch_size"))
+    if layout != (train.num_workers, train.micro_batch_size):
+        raise ConfigError(
+            f"data.continue_from_init: {init_from} was written by {layout[0]} workers x micro-batch {layout[1]}; "
+            f"this run has {train.num_workers} x {train.micro_batch_size}, so its data position does not carry over"
+        )
+    return int(state["epoch"]), int(state["batches_in_epoch"])
+
+
 def pjrt_device_for(train: TrainSection, environ: Mapping[str, str] = os.environ) -> str:
     """The PJRT runtime of backend "xla" workers (TPU, CUDA or CPU), decided on the driver before any starts.
 
@@ -925,6 +943,7 @@ def run_pretraining(
         from albert_core.stacking import check_init_source
 
         check_init_source(init_from, config.model_config(ids.vocab_size))
+    init_position = _init_data_position(init_from, t) if config.data.continue_from_init else None
     if not resume and list_checkpoints(checkpoints):
         raise ConfigError(
             f"run.name: {run_dir} already holds checkpoints; resume it, or choose another run.name / run.output_dir"
@@ -948,6 +967,7 @@ def run_pretraining(
         "pjrt_device": pjrt_device,
         "trace_examples": str(Path(trace).resolve()) if trace else None,
         "init_from": str(init_from) if init_from else None,
+        "init_data_position": init_position,
     }
     context = DataContext.get_current()
     saved_v2 = context.use_datasource_v2

@@ -253,3 +253,53 @@ def test_a_run_with_init_from_starts_at_the_stacked_weights(ray_local, tmp_path,
     assert set(trained) == set(stacked)
     for name, tensor in stacked.items():
         torch.testing.assert_close(trained[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+# --- data.continue_from_init: a stacked stage reads on where its source run stopped ---------------------------
+
+
+def training_checkpoint(directory, model: AlbertForPreTraining, *, batches_in_epoch: int, micro_batch_size: int = 8):
+    """A training checkpoint as a run of 1 worker writes it, stopped `batches_in_epoch` micro-batches into epoch 0."""
+    from albert_core.optim import make_optimizer, make_scheduler
+    from services.train_state import TrainerState, save_train_state
+
+    optimizer = make_optimizer(model, lr=0.01)
+    scheduler = make_scheduler(optimizer, warmup_steps=0, total_steps=10)
+    state = TrainerState(step=1, batches_in_epoch=batches_in_epoch, world_size=1, micro_batch_size=micro_batch_size)
+    return save_train_state(directory, model, optimizer, scheduler, state)
+
+
+def with_continue(config: RunConfig) -> RunConfig:
+    data = config.to_dict()
+    data["data"]["continue_from_init"] = True
+    return RunConfig.from_dict(data)
+
+
+def test_continue_from_init_needs_a_training_checkpoint_of_the_same_layout(tmp_path, shards):
+    from services.train import run_pretraining
+
+    shallow = trained_like(config(2).replace(vocab_size=VOCAB))
+    save_model(tmp_path / "weights-only", shallow)
+    run = with_continue(run_config(tmp_path, shards, str(tmp_path / "weights-only")))
+    with pytest.raises(ConfigError, match=r"^data\.continue_from_init: .*weights-only has no readable training state"):
+        run_pretraining(run, resume=False)
+    training_checkpoint(tmp_path / "micro4", shallow, batches_in_epoch=1, micro_batch_size=4)
+    run = with_continue(run_config(tmp_path, shards, str(tmp_path / "micro4")))
+    with pytest.raises(ConfigError, match=r"^data\.continue_from_init: .*micro-batch 4; this run has 1 x 8"):
+        run_pretraining(run, resume=False)
+    with pytest.raises(ConfigError, match="data.continue_from_init: needs model.init_from"):
+        with_continue(run_config(tmp_path, shards, ""))
+
+
+@pytest.mark.ray
+def test_continue_from_init_reads_on_where_the_source_run_stopped(ray_local, tmp_path, shards):
+    """16 rows in micro-batches of 8: 2 per epoch. The source stopped after 1; the stacked run's one step reads the
+    second and so ends the epoch, where a run without the option would still be in epoch 0."""
+    from services.train import run_pretraining
+    from services.train_state import read_trainer_json
+
+    shallow = trained_like(config(2).replace(vocab_size=VOCAB))
+    source = training_checkpoint(tmp_path / "source", shallow, batches_in_epoch=1)
+    result = run_pretraining(with_continue(run_config(tmp_path, shards, str(source))), resume=False)
+    state = read_trainer_json(result.checkpoint)["state"]
+    assert (result.step, state["epoch"], state["batches_in_epoch"]) == (1, 1, 0)
