@@ -103,6 +103,15 @@ Use it from this machine:
 EOF
 }
 
+ours() { # pids of the processes whose command line names this cluster's directory (its nodes' children)
+    local proc args
+    for proc in /proc/[0-9]*; do
+        [[ ${proc#/proc/} == "$$" || ${proc#/proc/} == "$BASHPID" ]] && continue
+        mapfile -d '' args <"$proc/cmdline" 2>/dev/null || continue
+        if [[ "${args[*]}" == *"$DIR"* ]]; then echo "${proc#/proc/}"; fi
+    done
+}
+
 cmd_stop() {
     local pidfile pid names=()
     for pidfile in "$DIR"/worker-*.pid "$DIR"/head.pid; do # workers first, the head last
@@ -123,6 +132,18 @@ cmd_stop() {
             kill -KILL -- "-$pid" 2>/dev/null || true # its session's process group: only what it started
         fi
     done
+    # A node's children (workers, agents) can outlive its `ray start` by a moment on a busy machine: wait for them,
+    # then kill what is left of this cluster (only processes that name its directory).
+    local left
+    for _ in $(seq 60); do
+        left=$(ours)
+        [[ -z $left ]] && break
+        sleep 0.5
+    done
+    if [[ -n $left ]]; then
+        # shellcheck disable=SC2086 # one pid per word
+        kill -KILL $left 2>/dev/null || true
+    fi
     rm -f "$DIR"/*.pid
     echo "stopped ${#names[@]} node(s) of the local cluster in $DIR"
 }
