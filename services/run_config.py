@@ -69,8 +69,8 @@ class TrainSection:
     num_workers: int = 1
     backend: str = "cpu"  # cpu (gloo) | cuda (nccl) | xla
     precision: str = "fp32"  # fp32 | bf16 (autocast)
-    # torch.compile the encoder (backends cpu/cuda): fuses GELU, LayerNorm, dropout and residual adds. The first
-    # steps pay the compile (~1 min for albert-base on 2 CPUs); bench/bench_train.py measures the gain.
+    # torch.compile the backbone (backends cpu/cuda): fuses GELU, LayerNorm, dropout and residual adds. The first
+    # steps pay the compile. Meant for GPUs: on a 2-core CPU bench/bench_train.py measured it slower than eager.
     compile: bool = False
     cpus_per_worker: int = 1
     # Further Ray resources each worker holds besides its CPUs, e.g. {TPU = 1} or {GPU = 1} (CPUs: cpus_per_worker).
