@@ -34,9 +34,8 @@ import pyarrow.parquet as pq
 import torch
 
 from albert_core.model import AlbertForPreTraining
-from albert_core.optim import make_optimizer, make_scheduler
 from services.run_config import RunConfig
-from services.train import COLUMNS, make_micro_batch, resolve_token_ids, train_step
+from services.train import COLUMNS, make_micro_batch, optimizer_for, resolve_token_ids, train_step
 
 DEFAULT_SHARDS = Path(".cache/albert/sample-shards-8000-128")
 
@@ -88,12 +87,10 @@ def main() -> None:
     torch.manual_seed(run.run.seed)
     model = AlbertForPreTraining(run.model_config(ids.vocab_size))
     model.train()
-    o = run.optim
-    optimizer = make_optimizer(model, name=o.name, lr=o.lr, weight_decay=o.weight_decay)
-    scheduler = make_scheduler(optimizer, warmup_steps=o.warmup_steps, total_steps=10**9)
+    optimizer, scheduler = optimizer_for(model, run.optim)  # the recipe's optimizer and schedule
 
     def step(batch) -> None:
-        train_step(model, optimizer, scheduler, [batch], grad_clip=o.grad_clip)
+        train_step(model, optimizer, scheduler, [batch], grad_clip=run.optim.grad_clip)
 
     in_memory = memory_batches(files, args.steps, batch_size, masked)
     ray.init(num_cpus=max(2, torch.get_num_threads()), include_dashboard=False, log_to_driver=False)

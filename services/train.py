@@ -96,7 +96,7 @@ from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import MODEL_FILE, SPECIAL_PIECES, TokenIds, Tokenizer
 from services.report import read_metrics
-from services.run_config import DataSection, RunConfig, TrainSection
+from services.run_config import DataSection, OptimSection, RunConfig, TrainSection
 from services.train_state import (
     TrainerState,
     checkpoint_dir,
@@ -409,6 +409,23 @@ def train_step(
     return stats
 
 
+def optimizer_for(
+    model: torch.nn.Module, o: OptimSection
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """The optimizer (LAMB or AdamW, parameter groups by name) and schedule that a run's `optim` section describes."""
+    optimizer = make_optimizer(
+        model,
+        name=o.name,
+        lr=o.lr,
+        weight_decay=o.weight_decay,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        bias_correction=o.bias_correction if o.name == "lamb" else None,
+        trust_clip=tuple(o.trust_clip) if o.trust_clip else None,
+    )
+    return optimizer, make_scheduler(optimizer, warmup_steps=o.warmup_steps, total_steps=o.total_steps)
+
+
 def step_seed(seed: int, rank: int, step: int) -> int:
     """The torch seed for dropout at (run seed, worker, step): reproducible without saved RNG state."""
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1, dtype=np.uint64)[0] >> 1)
@@ -470,17 +487,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     model = AlbertForPreTraining(run.model_config(ids.vocab_size)).to(device)  # before the optimizer (XLA needs it)
     if t.compile:
         compile_backbone(model)
-    optimizer = make_optimizer(
-        model,
-        name=o.name,
-        lr=o.lr,
-        weight_decay=o.weight_decay,
-        betas=(o.beta1, o.beta2),
-        eps=o.eps,
-        bias_correction=o.bias_correction if o.name == "lamb" else None,
-        trust_clip=tuple(o.trust_clip) if o.trust_clip else None,
-    )
-    scheduler = make_scheduler(optimizer, warmup_steps=o.warmup_steps, total_steps=o.total_steps)
+    optimizer, scheduler = optimizer_for(model, o)
     run_dir = Path(config["run_dir"])
     checkpoints = run_dir / CHECKPOINTS_DIR
     metrics_path = run_dir / METRICS_FILE

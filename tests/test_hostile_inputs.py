@@ -33,10 +33,10 @@ from albert_core.config import AlbertConfig, ConfigError
 from albert_core.corpus import CorpusError, Document, Skip, read_documents, split_sentences, strip_wikitext
 from albert_core.masking import IGNORE_INDEX
 from albert_core.model import AlbertForPreTraining
-from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.pairs import IGNORE_LABEL, OBJECTIVES, PairConfig, create_pairs
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.run_config import RunConfig
+from services.train import optimizer_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -472,17 +472,7 @@ def usable(config: RunConfig) -> None:
     config.model_config(vocab_size=config.model.overrides.get("vocab_size") or 30000)
     o = config.optim
     model = torch.nn.Linear(4, 4)
-    optimizer = make_optimizer(
-        model,
-        name=o.name,
-        lr=o.lr,
-        weight_decay=o.weight_decay,
-        betas=(o.beta1, o.beta2),
-        eps=o.eps,
-        bias_correction=o.bias_correction if o.name == "lamb" else None,
-        trust_clip=tuple(o.trust_clip) if o.trust_clip else None,
-    )
-    make_scheduler(optimizer, warmup_steps=o.warmup_steps, total_steps=o.total_steps)
+    optimizer_for(model, o)
     assert RunConfig.from_dict(config.to_dict()) == config
 
 
