@@ -29,7 +29,7 @@ def mlm_batch(
     example_ids: Sequence[int],
     *,
     seed: int,
-    epoch: int,
+    epoch: int | Sequence[int],
     seq_len: int | None,
     vocab_size: int,
     special_ids: Iterable[int],
@@ -40,8 +40,9 @@ def mlm_batch(
 ) -> dict[str, np.ndarray]:
     """A masked batch: input_ids, attention_mask, token_type_ids, mlm_labels (B x T, int64) and pair_labels (B,).
 
-    seq_len=None pads to the longest row rounded up to a multiple of 8; an int pads every batch to exactly that
-    (static shapes for XLA) and rejects longer rows. Padding has attention_mask 0, token type 0 and label -100.
+    `epoch` is one epoch for every row, or one per row (a batch that crosses an epoch boundary of the example
+    stream). seq_len=None pads to the longest row rounded up to a multiple of 8; an int pads every batch to exactly
+    that (static shapes for XLA) and rejects longer rows. Padding has attention_mask 0, token type 0 and label -100.
     """
     n_rows = len(input_ids)
     for name, column in (
@@ -73,8 +74,9 @@ def mlm_batch(
         "mlm_labels": np.full((n_rows, width), IGNORE_INDEX, dtype=np.int64),
         "pair_labels": np.asarray(pair_labels, dtype=np.int64).reshape(n_rows),
     }
-    columns = zip(rows, token_type_ids, word_starts, example_ids, strict=True)
-    for r, (ids, types, starts, example_id) in enumerate(columns):
+    epochs = np.broadcast_to(np.asarray(epoch, dtype=np.int64), (n_rows,))
+    columns = zip(rows, token_type_ids, word_starts, example_ids, epochs, strict=True)
+    for r, (ids, types, starts, example_id, row_epoch) in enumerate(columns):
         n = ids.size
         where = f"mlm_batch: row {r} (example {example_id})"
         if n > width:
@@ -86,7 +88,7 @@ def mlm_batch(
         masked, labels = ngram_mask(
             ids,
             starts,
-            rng=example_rng(seed, epoch, int(example_id)),
+            rng=example_rng(seed, int(row_epoch), int(example_id)),
             mask_prob=mask_prob,
             max_ngram=max_ngram,
             vocab_size=vocab_size,

@@ -40,6 +40,10 @@ class AlbertConfig:
     # The E->H projection after the embeddings. None: present iff E != H. True keeps it when E == H
     # (transformers' ALBERT checkpoints always have it).
     embedding_projection: bool | None = None
+    # Where each block's LayerNorm sits: "post" (BERT and ALBERT: x = LN(x + f(x))) or "pre" (x = x + f(LN(x)),
+    # then one LayerNorm after the last layer). Pre-LN is a departure from the paper, for small-scale recipes: it
+    # trains stably at larger learning rates without a long warmup. transformers' ALBERT cannot load it.
+    layer_norm_position: str = "post"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -108,6 +112,8 @@ class AlbertConfig:
             raise ConfigError("num_hidden_groups: must be 1 when sharing is 'none' (nothing is shared)")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act: expected one of {', '.join(ACTIVATIONS)}, got {self.hidden_act!r}")
+        if self.layer_norm_position not in ("post", "pre"):
+            raise ConfigError(f"layer_norm_position: expected post or pre, got {self.layer_norm_position!r}")
         if self.embedding_projection is not None and not isinstance(self.embedding_projection, bool):
             raise ConfigError(f"embedding_projection: expected true, false or null, got {self.embedding_projection!r}")
         if self.embedding_projection is False and self.embedding_size != self.hidden_size:

@@ -29,6 +29,7 @@ from albert_core.batch import mlm_batch
 from albert_core.masking import IGNORE_INDEX
 from albert_core.pairs import PairConfig, PairExample, create_pairs
 from albert_core.tokenization import TokenIds
+from albert_core.unigram import UnigramBaseline
 
 HELDOUT_COLUMNS = ("doc_id", "sentences", "word_starts")
 
@@ -88,11 +89,14 @@ def intrinsic_metrics(
     mask_prob: float = 0.15,
     max_ngram: int = 3,
     short_seq_prob: float = 0.1,
+    unigram: UnigramBaseline | None = None,
 ) -> dict[str, float | int]:
     """MLM accuracy and loss, SOP and NSP accuracy of an `AlbertForPreTraining` on held-out documents.
 
     Returns mlm_acc, mlm_loss, sop_acc, nsp_acc and the counts they rest on: mlm_tokens, sop_examples,
-    nsp_examples. Deterministic for a given (documents, seed, max_seq_length, max_examples).
+    nsp_examples. With `unigram`, also the floor on the same masked positions (`unigram_acc`, `unigram_loss`:
+    predicting each piece from training frequencies alone) and the model's margin over it (`mlm_margin`).
+    Deterministic for a given (documents, seed, max_seq_length, max_examples).
     """
     if batch_size < 1 or max_examples < 1:
         raise ValueError(f"batch_size and max_examples must be positive, got {batch_size} and {max_examples}")
@@ -106,6 +110,8 @@ def intrinsic_metrics(
         )
     if config is not None and config.vocab_size != token_ids.vocab_size:
         raise ValueError(f"token_ids.vocab_size {token_ids.vocab_size} != the model's vocab_size {config.vocab_size}")
+    if unigram is not None and unigram.vocab_size != token_ids.vocab_size:
+        raise ValueError(f"unigram baseline has {unigram.vocab_size} pieces, the vocabulary {token_ids.vocab_size}")
     packed = _pack_documents(documents, token_ids.vocab_size)
 
     def examples_for(objective: str, pairs_stream: int, subset_stream: int) -> list[PairExample]:
@@ -124,19 +130,25 @@ def intrinsic_metrics(
         return examples
 
     def score(examples: list[PairExample]) -> dict[str, float]:
-        return _score(model, examples, token_ids, seed, batch_size, mask_prob, max_ngram)
+        return _score(model, examples, token_ids, seed, batch_size, mask_prob, max_ngram, unigram)
 
     sop = score(examples_for("sop", _SOP_PAIRS, _SOP_SUBSET))
     nsp = score(examples_for("nsp", _NSP_PAIRS, _NSP_SUBSET))
-    return {
-        "mlm_acc": sop["mlm_correct"] / max(sop["mlm_tokens"], 1),
-        "mlm_loss": sop["mlm_loss_sum"] / max(sop["mlm_tokens"], 1),
+    n_masked = max(sop["mlm_tokens"], 1)
+    metrics = {
+        "mlm_acc": sop["mlm_correct"] / n_masked,
+        "mlm_loss": sop["mlm_loss_sum"] / n_masked,
         "sop_acc": sop["pair_correct"] / sop["examples"],
         "nsp_acc": nsp["pair_correct"] / nsp["examples"],
         "mlm_tokens": int(sop["mlm_tokens"]),
         "sop_examples": int(sop["examples"]),
         "nsp_examples": int(nsp["examples"]),
     }
+    if unigram is not None:
+        metrics["unigram_acc"] = sop["unigram_correct"] / n_masked
+        metrics["unigram_loss"] = sop["unigram_loss_sum"] / n_masked
+        metrics["mlm_margin"] = metrics["mlm_acc"] - metrics["unigram_acc"]
+    return metrics
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -171,11 +183,20 @@ def _unpack(example: PairExample, token_ids: TokenIds) -> tuple[list[int], list[
 
 
 @torch.no_grad()
-def _score(model, examples, token_ids, seed, batch_size, mask_prob, max_ngram) -> dict[str, float]:
+def _score(model, examples, token_ids, seed, batch_size, mask_prob, max_ngram, unigram) -> dict[str, float]:
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    totals = dict.fromkeys(("mlm_correct", "mlm_tokens", "mlm_loss_sum", "pair_correct", "examples"), 0.0)
+    keys = (
+        "mlm_correct",
+        "mlm_tokens",
+        "mlm_loss_sum",
+        "pair_correct",
+        "examples",
+        "unigram_correct",
+        "unigram_loss_sum",
+    )
+    totals = dict.fromkeys(keys, 0.0)
     try:
         for first in range(0, len(examples), batch_size):
             chunk = examples[first : first + batch_size]
@@ -211,6 +232,10 @@ def _score(model, examples, token_ids, seed, batch_size, mask_prob, max_ngram) -
             totals["mlm_loss_sum"] += (
                 float(F.cross_entropy(logits, targets, reduction="sum")) if targets.numel() else 0.0
             )
+            if unigram is not None:
+                correct, loss_sum = unigram.score(targets.cpu().numpy())
+                totals["unigram_correct"] += correct
+                totals["unigram_loss_sum"] += loss_sum
             totals["pair_correct"] += int((out.pair_logits.argmax(-1) == tensors["pair_labels"]).sum())
             totals["examples"] += len(chunk)
     finally:

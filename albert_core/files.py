@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-MANIFEST_FILE = "MANIFEST.json"
+CHECKSUM_FILE = "MANIFEST.json"  # sha256 and size of every file of a checkpoint directory
 
 
 class CheckpointError(ValueError):
@@ -77,7 +77,7 @@ def write_manifest(directory: str | Path, names: Iterable[str], **fields: Any) -
         fsync_file(path)
         files[name] = {"sha256": file_sha256(path), "size": path.stat().st_size}
     manifest = {**fields, "files": files}
-    atomic_write_bytes(directory / MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
+    atomic_write_bytes(directory / CHECKSUM_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
     return manifest
 
 
@@ -89,7 +89,7 @@ def verify_manifest(directory: str | Path, required: Iterable[str] = ()) -> dict
     mismatch.
     """
     directory = Path(directory)
-    manifest_path = directory / MANIFEST_FILE
+    manifest_path = directory / CHECKSUM_FILE
     if not directory.is_dir():
         raise CorruptCheckpoint(f"{directory}: not a directory")
     if not manifest_path.is_file():

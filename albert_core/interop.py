@@ -167,6 +167,11 @@ def config_to_hf(config: AlbertConfig) -> dict[str, Any]:
 
 
 def _hf_kind(config: AlbertConfig) -> str:
+    if config.layer_norm_position != "post":
+        raise ValueError(
+            f"layer_norm_position: {config.layer_norm_position!r} has no transformers equivalent "
+            "(transformers' ALBERT and BERT are post-LN)"
+        )
     if config.sharing in ("attention", "ffn"):
         raise ValueError(
             f"sharing: {config.sharing!r} sharing has no transformers equivalent "

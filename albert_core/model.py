@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from albert_core.config import AlbertConfig
-
-IGNORE_INDEX = -100
+from albert_core.masking import IGNORE_INDEX
 
 _ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -93,11 +92,13 @@ class Embeddings(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention (fused QKV, SDPA), output dense, dropout, residual, LayerNorm."""
+    """Multi-head self-attention (fused QKV, SDPA), output dense, dropout, residual, LayerNorm (after the residual,
+    or before the attention with layer_norm_position "pre")."""
 
     def __init__(self, config: AlbertConfig):
         super().__init__()
         H = config.hidden_size
+        self.pre_norm = config.layer_norm_position == "pre"
         self.num_heads = config.num_attention_heads
         self.qkv = nn.Linear(H, 3 * H)
         self.dense = nn.Linear(H, H)
@@ -107,18 +108,20 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         B, T, H = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, H // self.num_heads).permute(2, 0, 3, 1, 4)
+        h = self.layer_norm(x) if self.pre_norm else x
+        q, k, v = self.qkv(h).view(B, T, 3, self.num_heads, H // self.num_heads).permute(2, 0, 3, 1, 4)
         p = self.attention_dropout if self.training else 0.0
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        context = context.transpose(1, 2).reshape(B, T, H)
-        return self.layer_norm(x + self.dropout(self.dense(context)))
+        out = x + self.dropout(self.dense(context.transpose(1, 2).reshape(B, T, H)))
+        return out if self.pre_norm else self.layer_norm(out)
 
 
 class FeedForward(nn.Module):
-    """H -> 4H -> H with GELU, dropout, residual, LayerNorm."""
+    """H -> 4H -> H with GELU, dropout, residual, LayerNorm (post or pre, as Attention)."""
 
     def __init__(self, config: AlbertConfig):
         super().__init__()
+        self.pre_norm = config.layer_norm_position == "pre"
         self.up = nn.Linear(config.hidden_size, config.intermediate_size)
         self.down = nn.Linear(config.intermediate_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -126,6 +129,8 @@ class FeedForward(nn.Module):
         self.act = _ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(self.down(self.act(self.up(self.layer_norm(x)))))
         return self.layer_norm(x + self.dropout(self.down(self.act(self.up(x)))))
 
 
@@ -138,6 +143,9 @@ class Encoder(nn.Module):
         L = config.num_hidden_layers
         self.attention_index = [config.attention_block_of(layer) for layer in range(L)]
         self.ffn_index = [config.ffn_block_of(layer) for layer in range(L)]
+        # Pre-LN leaves the residual stream unnormalized: one LayerNorm after the last layer.
+        pre = config.layer_norm_position == "pre"
+        self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if pre else None
 
     def forward(
         self, x: Tensor, mask: Tensor | None, output_hidden_states: bool = False
@@ -147,6 +155,8 @@ class Encoder(nn.Module):
             x = self.ffn_blocks[f](self.attention_blocks[a](x, mask))
             if states is not None:
                 states.append(x)
+        if self.final_layer_norm is not None:
+            x = self.final_layer_norm(x)
         return x, tuple(states) if states is not None else None
 
 

@@ -6,7 +6,10 @@ manifest; the training stream reads them and masks dynamically (`albert_core.bat
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,8 +28,67 @@ EXAMPLE_SCHEMA = pa.schema(
     ]
 )
 
-MANIFEST_FILE = "manifest.json"
+MANIFEST_FILE = "manifest.json"  # the shard set's manifest (services/preprocess writes it)
 TRAIN_DIR = "train"
+TOKENIZER_MODEL = "spiece.model"
+
+
+class ManifestError(ValueError):
+    """The shards manifest cannot be read; the message names the file."""
+
+
+@dataclass(frozen=True)
+class ShardsManifest:
+    """What a shard set's manifest.json says, read once: its tokenizer and vocabulary size.
+
+    The tokenizer entry is a path, or an object with "path" (and "vocab_size"), as services/preprocess writes; a
+    relative path is tried as given, then under the shards directory. A missing manifest reads as empty.
+    """
+
+    directory: Path
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, shards_dir: str | Path) -> ShardsManifest:
+        directory = Path(shards_dir)
+        path = directory / MANIFEST_FILE
+        if not path.is_file():
+            return cls(directory)
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ManifestError(f"{path} is not valid JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise ManifestError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        return cls(directory, data)
+
+    @property
+    def _tokenizer_entry(self) -> dict[str, Any]:
+        entry = self.data.get("tokenizer")
+        if isinstance(entry, str):
+            return {"path": entry}
+        return entry if isinstance(entry, dict) else {}
+
+    def tokenizer_model(self) -> Path | None:
+        """The tokenizer model the shards were made with: spiece.model in the shards directory, in its
+        tokenizer/ folder, or where the manifest says; None when none of them exists."""
+        candidates = [self.directory / TOKENIZER_MODEL, self.directory / "tokenizer" / TOKENIZER_MODEL]
+        named = self._tokenizer_entry.get("path")
+        if isinstance(named, str):
+            candidates.append(
+                Path(named) if Path(named).is_absolute() or Path(named).exists() else self.directory / named
+            )
+        for path in candidates:
+            if path.is_dir():
+                path = path / TOKENIZER_MODEL
+            if path.is_file():
+                return path
+        return None
+
+    @property
+    def vocab_size(self) -> int | None:
+        size = self.data.get("vocab_size", self._tokenizer_entry.get("vocab_size"))
+        return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def example_id(shard: int, row: int) -> int:

@@ -43,7 +43,7 @@ def free_port() -> int:
 
 def setup(rank: int, world: int, port: int):
     os.environ["PJRT_DEVICE"] = "CPU"
-    from services.xla_backend import setup_xla_worker
+    from services.train.xla import setup_xla_worker
 
     worker = setup_xla_worker("CPU")
     if world > 1:
@@ -92,7 +92,7 @@ def step_worker(rank: int, world: int, port: int, steps: int, warmup: int, out) 
     from albert_core.config import AlbertConfig
     from albert_core.model import AlbertForPreTraining
     from albert_core.optim import make_optimizer, make_scheduler
-    from services.xla_backend import compile_count, static_batch, xla_train_step
+    from services.train.xla import compile_count, static_batch, xla_train_step
 
     config = AlbertConfig.preset(
         "albert-tiny",

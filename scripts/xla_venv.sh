@@ -4,8 +4,8 @@
 # torch-xla 2.9.0 needs torch 2.9.0 exactly (its wheel does not pin it), so the XLA tier cannot share .venv
 # (torch 2.13). The venv is ~7 GB and lives outside the checkout:
 #     ${ALBERT_XLA_VENV:-$HOME/.cache/albert/venv-xla}
-# albert itself is installed editable with --no-deps, plus the deps albert_core, services/xla_backend and the Ray Train
-# loop (services/train.py) import: ray[train,data] adds ~0.4 GB and ~1 minute to a fresh build (tests/xla/test_xla_train.py
+# albert itself is installed editable with --no-deps, plus the deps albert_core, services/train (the XLA backend and the Ray Train
+# loop) import: ray[train,data] adds ~0.4 GB and ~1 minute to a fresh build (tests/xla/test_xla_train.py
 # runs a real Ray Train run). Ray's own dependencies are held at requirements.lock's versions (torch excepted).
 # Idempotent: a stamp file records what was installed; rerunning is a no-op unless pyproject.toml, requirements.lock
 # or this script changed.

@@ -12,6 +12,7 @@ that nothing registered.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -28,8 +29,10 @@ if TYPE_CHECKING:
     from torch import nn
 
     from albert_core.evaluation import HeldoutDocument, TokenIds
+    from albert_core.unigram import UnigramBaseline
 
-TRAINER_STATE_FILE = "trainer.json"  # written beside the weights by services/train_state; holds the step
+TRAINER_STATE_FILE = "trainer.json"  # written beside the weights by services/train/state.py; holds the step
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,10 @@ def evaluate_model(
     documents: Sequence[HeldoutDocument],
     options: IntrinsicOptions,
     token_ids: TokenIds | None = None,
+    unigram: UnigramBaseline | None = None,
 ) -> dict[str, float | int]:
-    """Intrinsic metrics of a loaded model (token ids default to the ALBERT layout at the model's vocab size)."""
+    """Intrinsic metrics of a loaded model (token ids default to the ALBERT layout at the model's vocab size);
+    with `unigram`, also the floor on the same masked positions and the margin over it."""
     from albert_core.evaluation import TokenIds, intrinsic_metrics
 
     token_ids = token_ids or TokenIds(vocab_size=model.config.vocab_size)
@@ -160,6 +165,7 @@ def evaluate_model(
         mask_prob=options.mask_prob,
         max_ngram=options.max_ngram,
         short_seq_prob=options.short_seq_prob,
+        unigram=unigram,
     )
 
 
@@ -184,9 +190,9 @@ def evaluate_checkpoint(
     task_data = task_data or {}
     check_tasks(tasks, task_data)
     started = time.time()
-    metrics = evaluate_model(
-        _load(path).to(device), read_heldout(str(heldout_path)), options or IntrinsicOptions(), token_ids
-    )
+    model = _load(path).to(device)
+    unigram = unigram_beside(heldout_path, model.config.vocab_size)
+    metrics = evaluate_model(model, read_heldout(str(heldout_path)), options or IntrinsicOptions(), token_ids, unigram)
     result: dict[str, Any] = {
         "step": step if step is not None else checkpoint_step(path),
         "checkpoint": str(path),
@@ -225,7 +231,8 @@ class IntrinsicEvaluator:
         model = _load(checkpoint_path)
         if ray.get_gpu_ids():  # launched with num_gpus: evaluate on the GPU Ray assigned
             model = model.to("cuda")
-        metrics = evaluate_model(model, self.documents, self.options, self.token_ids)
+        unigram = unigram_beside(self.heldout_path, model.config.vocab_size)
+        metrics = evaluate_model(model, self.documents, self.options, self.token_ids, unigram=unigram)
         d = self.downstream
         tasks = {
             task: downstream_metrics(
@@ -237,6 +244,21 @@ class IntrinsicEvaluator:
         finished = time.time()
         step = step if step is not None else checkpoint_step(checkpoint_path)
         return {"step": step, "checkpoint": checkpoint_path, **metrics, "time": finished, "seconds": finished - started}
+
+
+def unigram_beside(heldout_path: str | Path, vocab_size: int) -> UnigramBaseline | None:
+    """The unigram baseline of the shard set a held-out file belongs to (<shards>/heldout/documents.parquet), when
+    it has been counted and fits the model's vocabulary."""
+    from albert_core.unigram import UNIGRAM_FILE, UnigramBaseline
+
+    directory = Path(heldout_path).resolve().parent.parent
+    if not (directory / UNIGRAM_FILE).is_file():
+        return None
+    try:
+        return UnigramBaseline.load(directory, vocab_size)
+    except ValueError as err:
+        log.warning("no unigram baseline for this evaluation: %s", err)
+        return None
 
 
 def _load(path: str | Path) -> nn.Module:

@@ -531,7 +531,7 @@ def init_source(spec: ExperimentSpec, cell: Cell) -> Cell | None:
 
 def final_checkpoint(config: RunConfig) -> Path:
     """`<run_dir>/checkpoints/step_<total_steps>`: where a finished run's last checkpoint is (services.train_state)."""
-    from services.train_state import checkpoint_dir
+    from services.train.state import checkpoint_dir
 
     return checkpoint_dir(config.run_dir / "checkpoints", config.optim.total_steps)
 

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from albert_core.shards import MANIFEST_FILE
+from albert_core.shards import ShardsManifest
+from services import RAY_NAMESPACE
 from services.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,9 @@ def connect(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     if address or os.environ.get("RAY_ADDRESS"):  # a cluster; inside a Ray job, RAY_ADDRESS names it
-        ray.init(address=address, namespace="albert")
+        ray.init(address=address, namespace=RAY_NAMESPACE)
     else:
-        ray.init(include_dashboard=False, namespace="albert", log_to_driver=False)
+        ray.init(include_dashboard=False, namespace=RAY_NAMESPACE, log_to_driver=False)
 
 
 def pretrain(config: RunConfig, *, address: str | None = None, resume: bool = True, progress: bool = True):
@@ -58,20 +59,18 @@ def pretrain(config: RunConfig, *, address: str | None = None, resume: bool = Tr
 def keep_tokenizer_with_run(shards: Path, run_dir: Path) -> None:
     """Copy the tokenizer the shards were made with into the run directory, so every checkpoint of the run
     (run_dir/checkpoints/step_N) finds its spiece.model two levels up, as fine-tuning and conversion look for it."""
-    import json
     import shutil
 
     from albert_core.tokenization import CONFIG_FILE, MODEL_FILE
 
-    manifest = json.loads((shards / MANIFEST_FILE).read_text()) if (shards / MANIFEST_FILE).is_file() else {}
-    source = manifest.get("tokenizer", {}).get("path") if isinstance(manifest.get("tokenizer"), dict) else None
-    if not source or not Path(source).is_file():
-        log.warning("%s: names no readable tokenizer; fine-tuning will need --tokenizer", shards / MANIFEST_FILE)
+    source = ShardsManifest.read(shards).tokenizer_model()
+    if source is None:
+        log.warning("%s: names no readable tokenizer; fine-tuning will need --tokenizer", shards)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in (MODEL_FILE, CONFIG_FILE):
-        if (Path(source).parent / name).is_file():
-            shutil.copy2(Path(source).parent / name, run_dir / name)
+        if (source.parent / name).is_file():
+            shutil.copy2(source.parent / name, run_dir / name)
 
 
 @dataclass

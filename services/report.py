@@ -1,59 +1,20 @@
 """What a run shows its user: a live progress bar and TensorBoard events while it trains, a report when it ends.
 
-All of it reads `<run_dir>/metrics.jsonl` (one JSON object per line; "kind" is "train", "eval" or "event"),
-which the coordinator writes. Nothing here touches the training itself.
+All of it reads the run's metrics log (services.run_log). Nothing here touches the training itself.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from services.run_log import METRICS_FILE, follow, read_metrics
+
+__all__ = ["LiveView", "read_metrics", "write_report"]
+
 log = logging.getLogger(__name__)
-
-
-def read_metrics(run_dir_or_file: str | Path) -> list[dict[str, Any]]:
-    """The JSON lines of a metrics log (a run directory or the file); a torn last line (crash mid-write) is skipped."""
-    path = Path(run_dir_or_file)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            log.warning("%s: skipping an unreadable line (%.60s)", path, line)
-    return records
-
-
-def _follow(path: Path, stop: threading.Event, poll_s: float) -> Iterator[dict[str, Any]]:
-    """Yield complete lines as they are appended; after `stop` is set, drain what is there once more and end."""
-    offset = 0
-    while True:
-        stopping = stop.is_set()
-        if path.exists():
-            with path.open("rb") as f:
-                f.seek(offset)
-                while line := f.readline():
-                    if not line.endswith(b"\n"):
-                        break  # partial line: read it again next time
-                    offset += len(line)
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
-        if stopping:
-            return
-        stop.wait(poll_s)
 
 
 class LiveView:
@@ -93,7 +54,7 @@ class LiveView:
         with Progress(*columns, disable=not self.show_progress, transient=False) as progress:
             task = progress.add_task("pretrain", total=self.total_steps, status="starting workers")
             seen_step = -1
-            for record in _follow(self.run_dir / METRICS_FILE, self._stop, poll_s=0.5):
+            for record in follow(self.run_dir, self._stop, poll_s=0.5):
                 step = int(record.get("step", 0))
                 if writer is not None:
                     for key, value in record.items():
@@ -104,6 +65,9 @@ class LiveView:
                     progress.update(task, completed=step, status=_status_line(record))
                 elif record.get("kind") == "eval":
                     progress.console.print(f"eval @ step {step}: {_fmt(record, EVAL_KEYS)}")
+                elif record.get("kind") == "event" and record.get("event") in HEALTH_EVENTS:
+                    progress.console.print(f"{record['event']} @ step {step}: {record.get('message')}")
+                    progress.console.print(f"  remedy: {record.get('remedy')}")
                 elif record.get("kind") == "event":
                     progress.console.print(f"event @ step {step}: {record.get('event')}")
         if writer is not None:
@@ -111,7 +75,8 @@ class LiveView:
 
 
 TRAIN_KEYS = ("loss", "mlm_acc", "pair_acc", "lr", "tokens_per_s", "dropout")
-EVAL_KEYS = ("mlm_acc", "sop_acc", "nsp_acc", "mlm_loss")
+EVAL_KEYS = ("mlm_acc", "sop_acc", "nsp_acc", "mlm_loss", "unigram_acc", "mlm_margin")
+HEALTH_EVENTS = ("plateau", "divergence", "stalled")
 
 
 def _fmt(record: dict[str, Any], keys: tuple[str, ...]) -> str:
@@ -166,6 +131,9 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
         points = [(r["step"], r[key]) for r in evals if r.get(key) is not None]
         if points:
             ax.plot(*zip(*points, strict=True), marker="o", label=f"held-out {key}")
+    floor = [(r["step"], r["unigram_acc"]) for r in evals if r.get("unigram_acc") is not None]
+    if floor:  # the same masked positions predicted from piece frequencies alone
+        ax.plot(*zip(*floor, strict=True), color="black", linestyle=":", label="held-out MLM, unigram baseline")
     _mark_events(ax, events)
     ax.set_xlabel("step")
     ax.set_ylabel("accuracy")
@@ -183,6 +151,7 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
         f"Steps {first['step']}..{last['step']}; final train loss {last.get('loss', float('nan')):.4f} "
         f"(first logged {first.get('loss', float('nan')):.4f}).",
         "",
+        *_floor_summary(evals),
         "![loss](loss.png)",
         "",
         "![accuracy](accuracy.png)",
@@ -197,11 +166,29 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
             cells = [_cell(r.get(k)) for k in keys + extra]
             lines.append(f"| {r['step']} | " + " | ".join(cells) + " |")
         lines.append("")
+    health = [e for e in events if e.get("event") in HEALTH_EVENTS]
+    if health:
+        lines += ["## Training health", ""]
+        lines += [f"- step {e['step']}, {e['event']}: {e.get('message')}. Remedy: {e.get('remedy')}" for e in health]
+        lines.append("")
     if events:
         lines += ["## Events", ""] + [f"- step {e['step']}: {e.get('event')}" for e in events] + [""]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _floor_summary(evals: list[dict[str, Any]]) -> list[str]:
+    """The last evaluation against the unigram baseline on the same masked positions."""
+    last = next((r for r in reversed(evals) if r.get("unigram_acc") is not None), None)
+    if last is None:
+        return []
+    return [
+        f"Held-out MLM accuracy at step {last['step']}: {last['mlm_acc']:.4f}; the unigram baseline on the same masked "
+        f"positions (each piece predicted from training frequencies alone): {last['unigram_acc']:.4f}; margin "
+        f"{last['mlm_acc'] - last['unigram_acc']:+.4f}.",
+        "",
+    ]
 
 
 def _cell(value: Any) -> str:

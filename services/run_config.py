@@ -87,6 +87,17 @@ class TrainSection:
     # The learning-rate schedule still runs over optim.total_steps. 0: no budget, the run ends at total_steps.
     max_seconds: float = 0.0
     max_failures: int = 3
+    # Training health (services/health.py). A logged step whose loss or gradient norm is not finite, or whose loss
+    # is above divergence_factor x the median of the last logged losses (0: no spike check), has diverged.
+    # on_divergence "stop" ends the run there with a divergence event; "rollback" reloads the last good checkpoint
+    # and continues with the learning rate scaled by rollback_lr_scale (kept in checkpoints, so a resume honours
+    # it), at most max_rollbacks times.
+    on_divergence: str = "stop"  # stop | rollback
+    divergence_factor: float = 3.0
+    rollback_lr_scale: float = 0.5
+    max_rollbacks: int = 3
+    # The coordinator reports a `stalled` event when no step has been reported for this long (0: never).
+    stall_seconds: float = 900.0
 
     @property
     def accumulation(self) -> int:
@@ -102,6 +113,10 @@ class EvalSection:
     task_data: dict[str, str] = field(default_factory=dict)  # task -> data directory
     task_seeds: int = 0  # fine-tuning runs per task (0: the protocol's, 5 for GLUE); their median is logged
     task_max_steps: int = 0  # cap fine-tuning steps (0: the paper's recipe for the task)
+    # A `plateau` event when held-out MLM accuracy is within plateau_margin of the unigram baseline on the same
+    # positions for plateau_evals consecutive evaluations after warmup (0: never).
+    plateau_margin: float = 0.01
+    plateau_evals: int = 2
 
 
 @dataclass
@@ -163,6 +178,13 @@ class RunConfig:
             raise ConfigError(f"train.precision: expected fp32 or bf16, got {t.precision!r}")
         if not 0 <= t.max_seconds < math.inf:
             raise ConfigError(f"train.max_seconds: expected seconds >= 0 (0: no budget), got {t.max_seconds}")
+        if t.on_divergence not in ("stop", "rollback"):
+            raise ConfigError(f"train.on_divergence: expected stop or rollback, got {t.on_divergence!r}")
+        if not 0 < t.rollback_lr_scale < 1:
+            raise ConfigError(f"train.rollback_lr_scale: expected a factor in (0, 1), got {t.rollback_lr_scale}")
+        for name in ("divergence_factor", "stall_seconds", "max_rollbacks"):
+            if not 0 <= getattr(t, name) < math.inf:
+                raise ConfigError(f"train.{name}: expected a number >= 0 (0: off), got {getattr(t, name)}")
         if t.dropout_removal_step < 0:
             raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
         if o.name not in ("lamb", "adamw"):
@@ -196,7 +218,11 @@ class RunConfig:
             raise ConfigError(f"data.mask_prob: expected in (0, 1), got {d.mask_prob}")
         if d.max_seq_length > self.model_config(30000).max_position_embeddings:
             raise ConfigError("data.max_seq_length: exceeds model max_position_embeddings")
-        for name in ("every_steps", "task_seeds", "task_max_steps"):
+        if not 0 <= self.eval.plateau_margin < 1:
+            raise ConfigError(
+                f"eval.plateau_margin: expected an accuracy margin in [0, 1), got {self.eval.plateau_margin}"
+            )
+        for name in ("every_steps", "task_seeds", "task_max_steps", "plateau_evals"):
             if getattr(self.eval, name) < 0:
                 raise ConfigError(f"eval.{name}: expected >= 0, got {getattr(self.eval, name)}")
         if not all(isinstance(task, str) for task in self.eval.tasks):

@@ -57,7 +57,7 @@ from services.coordinator import coordinator_name, get_or_create_coordinator, re
 from services.preprocess import PROGRESS_DIR, PreprocessConfig, run_preprocess
 from services.report import read_metrics
 from services.train import TRACE_ENV, run_pretraining
-from services.train_state import TrainerState, latest_good, list_checkpoints, save_train_state, verify
+from services.train.state import TrainerState, latest_good, list_checkpoints, save_train_state, verify
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
 
 pytestmark = [pytest.mark.ray]
@@ -733,7 +733,7 @@ SAVE_UNDER_FILE_LIMIT = """
 import json, resource, signal, sys
 from pathlib import Path
 from tests.test_faults import tiny_training_state
-from services.train_state import TrainerState, latest_good, save_train_state, verify
+from services.train.state import TrainerState, latest_good, save_train_state, verify
 root = Path(sys.argv[1])
 model, optimizer, scheduler = tiny_training_state()
 good = save_train_state(root / "step_00000001", model, optimizer, scheduler, TrainerState(step=1))

@@ -258,14 +258,14 @@ def test_a_run_with_init_from_starts_at_the_stacked_weights(ray_local, tmp_path,
 # --- data.continue_from_init: a stacked stage reads on where its source run stopped ---------------------------
 
 
-def training_checkpoint(directory, model: AlbertForPreTraining, *, batches_in_epoch: int, micro_batch_size: int = 8):
-    """A training checkpoint as a run of 1 worker writes it, stopped `batches_in_epoch` micro-batches into epoch 0."""
+def training_checkpoint(directory, model: AlbertForPreTraining, *, examples_seen: int, micro_batch_size: int = 8):
+    """A training checkpoint as a run of 1 worker writes it, stopped after `examples_seen` examples of epoch 0."""
     from albert_core.optim import make_optimizer, make_scheduler
-    from services.train_state import TrainerState, save_train_state
+    from services.train.state import TrainerState, save_train_state
 
     optimizer = make_optimizer(model, lr=0.01)
     scheduler = make_scheduler(optimizer, warmup_steps=0, total_steps=10)
-    state = TrainerState(step=1, batches_in_epoch=batches_in_epoch, world_size=1, micro_batch_size=micro_batch_size)
+    state = TrainerState(step=1, examples_seen=examples_seen, world_size=1, micro_batch_size=micro_batch_size)
     return save_train_state(directory, model, optimizer, scheduler, state)
 
 
@@ -275,7 +275,8 @@ def with_continue(config: RunConfig) -> RunConfig:
     return RunConfig.from_dict(data)
 
 
-def test_continue_from_init_needs_a_training_checkpoint_of_the_same_layout(tmp_path, shards):
+def test_continue_from_init_needs_a_training_checkpoint(tmp_path, shards):
+    """The data position is a count of examples of the run's stream, so any worker layout carries it over."""
     from services.train import run_pretraining
 
     shallow = trained_like(config(2).replace(vocab_size=VOCAB))
@@ -283,23 +284,19 @@ def test_continue_from_init_needs_a_training_checkpoint_of_the_same_layout(tmp_p
     run = with_continue(run_config(tmp_path, shards, str(tmp_path / "weights-only")))
     with pytest.raises(ConfigError, match=r"^data\.continue_from_init: .*weights-only has no readable training state"):
         run_pretraining(run, resume=False)
-    training_checkpoint(tmp_path / "micro4", shallow, batches_in_epoch=1, micro_batch_size=4)
-    run = with_continue(run_config(tmp_path, shards, str(tmp_path / "micro4")))
-    with pytest.raises(ConfigError, match=r"^data\.continue_from_init: .*micro-batch 4; this run has 1 x 8"):
-        run_pretraining(run, resume=False)
     with pytest.raises(ConfigError, match="data.continue_from_init: needs model.init_from"):
         with_continue(run_config(tmp_path, shards, ""))
 
 
 @pytest.mark.ray
 def test_continue_from_init_reads_on_where_the_source_run_stopped(ray_local, tmp_path, shards):
-    """16 rows in micro-batches of 8: 2 per epoch. The source stopped after 1; the stacked run's one step reads the
-    second and so ends the epoch, where a run without the option would still be in epoch 0."""
+    """16 rows, 8 per step. The source stopped after 8 examples; the stacked run's one step reads the other 8 and so
+    ends the epoch, where a run without the option would still be in epoch 0."""
     from services.train import run_pretraining
-    from services.train_state import read_trainer_json
+    from services.train.state import read_trainer_json
 
     shallow = trained_like(config(2).replace(vocab_size=VOCAB))
-    source = training_checkpoint(tmp_path / "source", shallow, batches_in_epoch=1)
+    source = training_checkpoint(tmp_path / "source", shallow, examples_seen=8)
     result = run_pretraining(with_continue(run_config(tmp_path, shards, str(source))), resume=False)
     state = read_trainer_json(result.checkpoint)["state"]
-    assert (result.step, state["epoch"], state["batches_in_epoch"]) == (1, 1, 0)
+    assert (result.step, state["epoch"], state["examples_seen"]) == (1, 1, 16)

@@ -29,7 +29,7 @@ from services.train import (
     run_pretraining,
     train_step,
 )
-from services.train_state import latest_good, list_checkpoints, verify
+from services.train.state import latest_good, list_checkpoints, verify
 
 VOCAB = 96
 SEQ = 32
@@ -237,13 +237,10 @@ def test_no_vocab_source_is_an_error_naming_data_shards(tmp_path):
         resolve_token_ids(shards, run_config(tmp_path, shards, "v"))
 
 
-def test_each_worker_gets_every_other_file_and_the_epoch_fits_the_smallest_slice(tmp_path):
-    shards = write_shards(tmp_path / "s", (12, 12, 12, 30))
-    plan = plan_data(shards, run_config(tmp_path, shards, "p"))
-    names = [[f.rsplit("/", 1)[1] for f in files] for files in plan.files_per_worker]
-    assert names == [["shard-00000.parquet", "shard-00002.parquet"], ["shard-00001.parquet", "shard-00003.parquet"]]
-    assert plan.rows_per_worker == (24, 42)
-    assert plan.steps_per_epoch == 3  # 24 rows // (4 x 2)
+def test_the_plan_lists_every_shard_file_with_its_rows_and_one_file_serves_two_workers(tmp_path):
+    shards = write_shards(tmp_path / "s", (40,))
+    rows = plan_data(shards, run_config(tmp_path, shards, "p"))
+    assert [(path.rsplit("/", 1)[1], n) for path, n in rows.items()] == [("shard-00000.parquet", 40)]
 
 
 @pytest.mark.parametrize(
@@ -252,8 +249,7 @@ def test_each_worker_gets_every_other_file_and_the_epoch_fits_the_smallest_slice
         ("missing", "does not exist"),
         ("no_train", "has no train/ directory"),
         ("empty", "holds no .parquet files"),
-        ("one_file", "train.num_workers: 2 workers but .* has 1 shard files"),
-        ("too_small", "fewer than one step needs"),
+        ("too_small", "train.global_batch_size: 16 examples per step, but .* holds only 6"),
         ("bad_column", "shard-00001.parquet: lacks column 'token_type_ids'"),
     ],
 )
@@ -263,8 +259,6 @@ def test_bad_shards_fail_before_any_worker_starts(tmp_path, layout, message):
         shards.mkdir()
     elif layout == "empty":
         (shards / "train").mkdir(parents=True)
-    elif layout == "one_file":
-        write_shards(shards, (40,))
     elif layout == "too_small":
         write_shards(shards, (3, 3))
     elif layout == "bad_column":
@@ -307,18 +301,22 @@ def uninterrupted(ray_local, shards, tmp_path_factory):
 def crashed_then_resumed(ray_local, shards, tmp_path_factory):
     """Stopped after step 5 (checkpoint at 3: steps 4-5 are lost), then resumed mid-epoch from step 3.
 
-    The resumed run skips the 6 micro-batches epoch 0 had consumed, crosses into epoch 1 at step 5 and removes
-    dropout at step 6, so every part of the data position and the dropout state is exercised.
+    The resumed run continues at data position 48 of 66 examples per epoch, crosses into epoch 1 inside step 5 and
+    removes dropout at step 6, so every part of the data position and the dropout state is exercised.
     """
     config = run_config(tmp_path_factory.mktemp("b"), shards, "crashy")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(STOP_ENV, "5")
         with pytest.raises(Exception, match=STOP_ENV):
             run_pretraining(config, resume=False)
-    before = read_metrics(config.run_dir / "metrics.jsonl")
+    before = train_lines(config.run_dir / "metrics.jsonl")
     latest_before = latest_good(config.run_dir / "checkpoints")
     result = run_pretraining(config, resume=True)
     return config, result, before, latest_before
+
+
+def train_lines(path):
+    return [r for r in read_metrics(path) if r["kind"] == "train"]
 
 
 def losses(records):
@@ -338,9 +336,9 @@ def test_two_worker_run_completes_and_keeps_the_last_checkpoints(uninterrupted):
 
 def test_metrics_have_one_line_per_step_with_every_field(uninterrupted):
     config, result = uninterrupted
-    records = read_metrics(result.metrics_file)
+    records = train_lines(result.metrics_file)
     assert [r["step"] for r in records] == list(range(1, 9))
-    assert [r["epoch"] for r in records] == [0] * 4 + [1] * 4
+    assert [r["epoch"] for r in records] == [0] * 5 + [1] * 3  # 66 examples per epoch: step 5 starts at 64
     expected = {"loss", "mlm_loss", "pair_loss", "mlm_acc", "pair_acc", "lr", "grad_norm", "tokens_per_s", "dropout"}
     for record in records:
         assert expected <= set(record)
@@ -350,7 +348,7 @@ def test_metrics_have_one_line_per_step_with_every_field(uninterrupted):
 
 def test_dropout_is_on_before_the_removal_step_and_off_from_it(uninterrupted):
     _, result = uninterrupted
-    dropout = {r["step"]: r["dropout"] for r in read_metrics(result.metrics_file)}
+    dropout = {r["step"]: r["dropout"] for r in train_lines(result.metrics_file)}
     assert [dropout[s] for s in range(1, 6)] == [0.1] * 5
     assert [dropout[s] for s in range(6, 9)] == [0.0] * 3
 
@@ -364,12 +362,12 @@ def test_the_crash_left_steps_1_to_5_and_a_checkpoint_at_3(crashed_then_resumed)
 def test_killed_and_resumed_run_reproduces_every_step_loss_exactly(uninterrupted, crashed_then_resumed):
     _, straight = uninterrupted
     config, resumed, _, _ = crashed_then_resumed
-    assert losses(read_metrics(resumed.metrics_file)) == losses(read_metrics(straight.metrics_file))
+    assert losses(train_lines(resumed.metrics_file)) == losses(train_lines(straight.metrics_file))
 
 
 def test_resumed_run_writes_no_duplicated_steps(crashed_then_resumed):
     _, resumed, _, _ = crashed_then_resumed
-    assert [r["step"] for r in read_metrics(resumed.metrics_file)] == list(range(1, 9))
+    assert [r["step"] for r in train_lines(resumed.metrics_file)] == list(range(1, 9))
 
 
 def test_resumed_run_ends_with_the_same_weights(uninterrupted, crashed_then_resumed):
@@ -388,12 +386,13 @@ def test_a_spent_wall_clock_budget_ends_every_worker_at_the_same_step_and_a_reru
     result = run_pretraining(config, resume=False)
     assert (result.step, result.finished) == (1, True)
     assert [step for step, _ in list_checkpoints(config.run_dir / "checkpoints")] == [1]
-    records = read_metrics(config.run_dir / "metrics.jsonl")
+    records = train_lines(config.run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == [1]
     assert records[0]["train_seconds"] >= 1e-3
+    everything = read_metrics(config.run_dir / "metrics.jsonl")
     again = run_pretraining(config, resume=True)
     assert (again.step, again.finished) == (1, True)
-    assert read_metrics(config.run_dir / "metrics.jsonl") == records
+    assert read_metrics(config.run_dir / "metrics.jsonl") == everything
 
 
 def test_a_negative_budget_is_refused_naming_the_field(tmp_path):

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from albert_core.config import AlbertConfig
-from albert_core.files import MANIFEST_FILE
+from albert_core.files import CHECKSUM_FILE as MANIFEST_FILE
 from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
-from services.train_state import (
+from services.train.state import (
     OPTIMIZER_FILE,
     TRAINER_FILE,
     CorruptCheckpoint,
@@ -104,12 +104,12 @@ def test_resumed_training_continues_identically(tmp_path, optimizer):
 
 def test_checkpoint_holds_loop_state_and_manifest_of_every_file(tmp_path):
     model, opt, sched = build()
-    state = TrainerState(step=5, epoch=2, batches_in_epoch=7, dropout=0.0, config_hash="abc", world_size=2)
+    state = TrainerState(step=5, epoch=2, examples_seen=7, dropout=0.0, config_hash="abc", world_size=2)
     path = save_train_state(tmp_path / "step_00000005", model, opt, sched, state)
     manifest = verify(path)
     trainer = read_trainer_json(path)
     assert sorted(manifest["files"]) == sorted(["config.json", "model.safetensors", OPTIMIZER_FILE, TRAINER_FILE])
-    assert trainer["state"]["batches_in_epoch"] == 7 and trainer["state"]["epoch"] == 2
+    assert trainer["state"]["examples_seen"] == 7 and trainer["state"]["epoch"] == 2
     assert set(trainer["rng"]) >= {"torch", "numpy", "python"}
     assert trainer["step"] == 5  # top-level copy for readers that want only the step
     assert not list(tmp_path.glob(".*")), "no temporary directory is left behind"
@@ -160,7 +160,7 @@ def test_damaged_checkpoint_is_detected_and_the_previous_good_one_chosen(tmp_pat
     with pytest.raises(CorruptCheckpoint, match=message) as err:
         verify(bad)
     assert victim in str(err.value)
-    with caplog.at_level(logging.WARNING, logger="services.train_state"):
+    with caplog.at_level(logging.WARNING, logger="services.train.state"):
         assert latest_good(tmp_path) == good
     assert bad.name in caplog.text
 

@@ -15,6 +15,6 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")  # before torch_xla picks its runtim
 
 @pytest.fixture(scope="session")
 def worker():
-    from services.xla_backend import setup_xla_worker
+    from services.train.xla import setup_xla_worker
 
     return setup_xla_worker()

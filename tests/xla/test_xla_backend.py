@@ -20,7 +20,7 @@ from albert_core.checkpoint import load_model  # noqa: E402
 from albert_core.masking import IGNORE_INDEX  # noqa: E402
 from albert_core.model import AlbertForPreTraining  # noqa: E402
 from albert_core.optim import make_optimizer, make_scheduler  # noqa: E402
-from services.xla_backend import (  # noqa: E402
+from services.train.xla import (  # noqa: E402
     compile_count,
     device_loader,
     fallback_ops,
@@ -178,7 +178,7 @@ def test_compile_cache_dir_receives_the_compiled_graphs(tmp_path):
     # the cache; reading it back, which skips the compile, works on TPU/GPU runtimes.)
     script = (
         "import sys, torch\n"
-        "from services.xla_backend import compile_count, setup_xla_worker\n"
+        "from services.train.xla import compile_count, setup_xla_worker\n"
         "worker = setup_xla_worker('CPU', compile_cache_dir=sys.argv[1])\n"
         "x = torch.arange(12.0, device=worker.device).reshape(3, 4)\n"
         "(x @ x.T + 0.25).sum().item()\n"
@@ -271,7 +271,7 @@ def test_device_loader_delivers_the_static_batches_on_the_device(worker):
 
 
 def test_checkpoint_saved_from_xla_loads_on_cpu_with_the_same_outputs(worker, tmp_path):
-    from services.xla_backend import save_xla_model
+    from services.train.xla import save_xla_model
 
     torch.manual_seed(0)
     model = AlbertForPreTraining(tiny_config()).to(worker.device)
@@ -293,7 +293,7 @@ def test_checkpoint_saved_from_xla_loads_on_cpu_with_the_same_outputs(worker, tm
 
 
 def test_checkpoint_is_written_only_by_rank_zero(worker, tmp_path):
-    from services.xla_backend import save_xla_model
+    from services.train.xla import save_xla_model
 
     model = AlbertForPreTraining(tiny_config()).to(worker.device)
     assert save_xla_model(tmp_path / "ckpt", model, rank=1) is None

@@ -32,7 +32,7 @@ from albert_core.config import ConfigError  # noqa: E402
 from albert_core.shards import EXAMPLE_SCHEMA, example_id  # noqa: E402
 from services.run_config import RunConfig, TrainSection  # noqa: E402
 from services.train import STOP_ENV, TRACE_ENV, pjrt_device_for, read_metrics, run_pretraining  # noqa: E402
-from services.train_state import latest_good, list_checkpoints, verify  # noqa: E402
+from services.train.state import latest_good, list_checkpoints, verify  # noqa: E402
 
 VOCAB = 96
 SEQ = 136  # buckets (128, 136): rows of 8..136 tokens make steps of both widths
@@ -200,8 +200,9 @@ def test_bad_resources_per_worker_are_rejected_naming_the_field(resources, messa
 
 
 def test_xla_workers_sum_in_graph_over_pjrt_replicas_through_the_host_over_ray_workers_or_refuse():
-    from services.train import _all_reduce_sum, _xla_host_reduce
-    from services.xla_backend import XlaWorker
+    from services.train.backends import all_reduce_sum as _all_reduce_sum
+    from services.train.backends import xla_host_reduce as _xla_host_reduce
+    from services.train.xla import XlaWorker
 
     def worker(replicas: int) -> XlaWorker:
         return XlaWorker(device=torch.device("cpu"), runtime="TPU", rank=0, world_size=replicas)
@@ -226,7 +227,7 @@ def cpu_batches(n: int, fail_at: int | None = None):
 
 
 def test_device_loader_raises_the_error_of_its_source_after_the_batches_before_it():
-    from services.xla_backend import device_loader, setup_xla_worker
+    from services.train.xla import device_loader, setup_xla_worker
 
     device = setup_xla_worker().device
     got = []
@@ -238,7 +239,7 @@ def test_device_loader_raises_the_error_of_its_source_after_the_batches_before_i
 
 
 def test_device_loader_closed_early_stops_reading_its_source():
-    from services.xla_backend import device_loader, setup_xla_worker
+    from services.train.xla import device_loader, setup_xla_worker
 
     device = setup_xla_worker().device
     read = []

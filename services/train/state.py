@@ -5,8 +5,9 @@ A training checkpoint is a directory (e.g. `<run_dir>/checkpoints/step_00001000`
     config.json          AlbertConfig                      } albert_core.checkpoint.save_model: the model alone
     model.safetensors    weights under canonical names     } loads with albert_core.checkpoint.load_model
     optimizer.safetensors  optimizer state tensors, keyed "<parameter name>.<state key>" (e.g. ".exp_avg")
-    trainer.json         step, epoch, data position, dropout, scheduler state, optimizer hyperparameters and
-                         non-tensor state, torch/numpy/python RNG states, run config hash, last metrics
+    trainer.json         step, epoch, data position (examples seen), dropout, scheduler state, optimizer
+                         hyperparameters and non-tensor state, torch/numpy/python RNG states, run config hash,
+                         last metrics
     MANIFEST.json        sha256 and size of every other file (written last)
 
 Nothing is pickled: tensors are safetensors, the rest is JSON, so loading a checkpoint cannot run code. The
@@ -66,14 +67,16 @@ class TrainerState:
     """The loop's own position. Saved in trainer.json beside the model and optimizer."""
 
     step: int = 0  # optimizer updates done
-    epoch: int = 0  # current pass over the data (seeds the dynamic masks)
-    batches_in_epoch: int = 0  # micro-batches each worker consumed in this epoch: the data position
+    epoch: int = 0  # the pass over the data the next example belongs to (examples_seen // examples per epoch)
+    examples_seen: int = 0  # the data position: examples of the run's stream trained so far (albert_core.data_order)
     dropout: float = 0.0  # dropout probability applied to the model now
     config_hash: str = ""  # sha256 of the run config the checkpoint was written under
     world_size: int = 1
     micro_batch_size: int = 0
     metrics: dict[str, float] = field(default_factory=dict)  # the last metrics reported at this step
     train_seconds: float = 0.0  # wall time spent in the training loop up to this step, summed over resumes
+    lr_scale: float = 1.0  # applied to the schedule's learning rate since the last divergence rollback
+    rollbacks: int = 0  # divergence rollbacks so far (train.on_divergence = "rollback")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str) -> TrainerState:

@@ -13,7 +13,7 @@ its shape and structure from step to step:
 With these, a run compiles one training graph per bucket, plus one for its very first step (the optimizer
 state is created inside it). A learning rate of exactly 0 or 1 is baked into the graph as a constant (other
 values are graph inputs), so a schedule that ends at 0 adds one graph per bucket for its last steps.
-`compile_count` counts them. The train loop (services/train.py, train.backend = "xla") does, per worker:
+`compile_count` counts them. The train loop (services/train/backends.py, train.backend = "xla") does, per worker:
 
     worker = setup_xla_worker(pjrt_device)          # PJRT runtime (the driver chose it), device, rank/world
     model.to(worker.device); optimizer = make_optimizer(model, ...)   # optimizer after the move
@@ -25,7 +25,7 @@ values are graph inputs), so a schedule that ends at 0 adds one graph per bucket
             if step % log_every == 0: log({k: v.item() ...})             # the only host reads
             if step % checkpoint_every == 0: save_xla_train_state(directory, model, optimizer, scheduler, state)
 
-Data parallelism. Two ways to sum the gradients, chosen by the train loop (services/train.py):
+Data parallelism. Two ways to sum the gradients, chosen by the train loop (services/train/backends.py):
 
 - over the PJRT runtime's `xr.world_size()` replicas with `xm.all_reduce` inside the step (host_reduce=None),
   when the runtime's replicas are the data-parallel workers (a PJRT multi-process or SPMD job). The step stays one
@@ -69,14 +69,14 @@ try:
     import torch_xla.runtime as xr
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "services.xla_backend needs torch-xla 2.9 (which needs torch 2.9.0 exactly); "
+        "services.train.xla needs torch-xla 2.9 (which needs torch 2.9.0 exactly); "
         "build its virtualenv with scripts/xla_venv.sh and run from there"
     ) from err
 
 from albert_core.checkpoint import save_model
 from albert_core.masking import IGNORE_INDEX
 from albert_core.model import AlbertForPreTraining
-from services.train_state import TrainerState, load_train_state, save_train_state
+from services.train.state import TrainerState, load_train_state, save_train_state
 
 PJRT_DEVICES = ("TPU", "CPU", "CUDA")
 PRECISIONS = ("fp32", "bf16")
@@ -372,7 +372,7 @@ def xla_train_step(
 ) -> XlaStepStats:
     """One optimizer update from `static_batch`es already on the device (one, or several to accumulate).
 
-    As services/train.py's CPU/GPU step: the MLM loss is averaged over every predicted position of the global
+    As the eager step (services/train/step.py): the MLM loss is averaged over every predicted position of the global
     batch (all micro-batches on all replicas or workers) and the pair loss over every labelled row, so the update
     does not depend on how the batch is split; gradients are summed over them, the global norm is clipped at
     max_grad_norm (<= 0: not clipped), then the optimizer and scheduler step. seed reseeds the device RNG
@@ -525,7 +525,7 @@ def save_xla_train_state(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     state: TrainerState,
 ) -> Path:
-    """A training checkpoint (services.train_state) of a model and optimizer on the XLA device, on rank 0.
+    """A training checkpoint (services.train.state) of a model and optimizer on the XLA device, on rank 0.
 
     Pending device work is synced first, so the copies read finished values; save_train_state then copies each
     weight and optimizer tensor to the CPU and writes the same files as a CPU run (plain torch reads them).

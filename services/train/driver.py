@@ -1,0 +1,149 @@
+"""The driver of a pretraining run: check everything that can be checked, plan, launch one TorchTrainer with
+`train.num_workers` copies of the worker loop (services.train.worker), and read back where the run ended."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from albert_core.config import ConfigError
+from services.run_config import RunConfig
+from services.run_log import METRICS_FILE
+from services.train.plan import (
+    CHECKPOINTS_DIR,
+    WorkerPlan,
+    init_data_position,
+    pjrt_device_for,
+    plan_data,
+    resolve_token_ids,
+)
+from services.train.state import latest_good, list_checkpoints, read_trainer_json
+from services.train.worker import STOP_ENV, TRACE_ENV, train_loop_per_worker
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int  # the last step of the newest good checkpoint
+    checkpoint: Path | None
+    metrics: dict[str, float]  # reported at that step
+    metrics_file: Path
+    finished: bool = False  # the run reached optim.total_steps or spent train.max_seconds
+    stopped: str | None = None  # why the run ended early (a divergence under train.on_divergence = "stop")
+
+
+def run_pretraining(
+    config: RunConfig,
+    *,
+    shards_dir: Path | None = None,
+    resume: bool = True,
+    coordinator_name: str | None = None,
+    callbacks: list | None = None,
+) -> TrainResult:
+    """Validate, plan the data, run the TorchTrainer to optim.total_steps; resumes from the newest good checkpoint.
+
+    Everything that can be checked is checked before a worker starts: the config, the shards directory
+    (`data.shards`), the vocabulary, model.init_from. resume=False refuses a run directory that already holds
+    checkpoints rather than mixing two runs in it.
+    """
+    plan = make_plan(config, shards_dir=shards_dir, resume=resume, coordinator_name=coordinator_name)
+    last_report = fit(plan, callbacks)
+    return result_of(config, stopped=last_report.get("stopped"))
+
+
+def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coordinator_name: str | None) -> WorkerPlan:
+    config.validate()
+    t = config.train
+    pjrt_device = None
+    if t.backend == "xla":
+        if importlib.util.find_spec("torch_xla") is None:
+            raise ConfigError(
+                "train.backend: 'xla' needs torch_xla (torch-xla 2.9 with torch 2.9.0) on the driver and every worker; "
+                "scripts/xla_venv.sh builds that virtualenv, the TPU cluster recipes install it on every node"
+            )
+        pjrt_device = pjrt_device_for(t)
+    if shards_dir is None:
+        if not config.data.shards:
+            raise ConfigError("data.shards: empty; point it at a preprocess output directory")
+        shards_dir = Path(config.data.shards)
+    shards_dir = Path(shards_dir).resolve()
+    rows = plan_data(shards_dir, config)
+    ids = resolve_token_ids(shards_dir, config)
+    run_dir = config.run_dir.resolve()
+    init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
+    if init_from is not None:  # the workers read it by absolute path
+        from albert_core.stacking import check_init_source
+
+        check_init_source(init_from, config.model_config(ids.vocab_size))
+    if not resume and list_checkpoints(run_dir / CHECKPOINTS_DIR):
+        raise ConfigError(
+            f"run.name: {run_dir} already holds checkpoints; resume it, or choose another run.name / run.output_dir"
+        )
+    if not resume:
+        shutil.rmtree(run_dir / "ray" / config.run.name, ignore_errors=True)  # Ray would restore its old run state
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stop_after, trace = os.environ.get(STOP_ENV), os.environ.get(TRACE_ENV)
+    if trace:
+        Path(trace).mkdir(parents=True, exist_ok=True)
+    return WorkerPlan(
+        run=config,
+        run_dir=str(run_dir),
+        token_ids=ids,
+        shard_files=tuple(rows),
+        rows_per_file=tuple(rows.values()),
+        coordinator=coordinator_name,
+        pjrt_device=pjrt_device,
+        init_from=str(init_from) if init_from else None,
+        init_data_position=init_data_position(init_from) if config.data.continue_from_init else None,
+        stop_after_step=int(stop_after) if stop_after else None,
+        trace_examples=str(Path(trace).resolve()) if trace else None,
+    )
+
+
+def fit(plan: WorkerPlan, callbacks: list | None = None) -> dict:
+    """One TorchTrainer over the plan's workers (restarted by Ray up to train.max_failures times); returns the
+    last metrics rank 0 reported."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    t = plan.run.train
+    resources = {"CPU": t.cpus_per_worker, **t.resources_per_worker}
+    use_gpu = t.backend == "cuda" or resources.get("GPU", 0) > 0
+    tpu = {"use_tpu": True} if resources.get("TPU", 0) > 0 else {}  # Ray refuses a TPU resource without it
+    try:
+        scaling = ray.train.ScalingConfig(
+            num_workers=t.num_workers, use_gpu=use_gpu, resources_per_worker=resources, **tpu
+        )
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"train.resources_per_worker: Ray does not accept {resources} per worker ({err})") from None
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"plan": plan},
+        # xla: gloo carries the loop's control messages (resume choice) and, when each worker is one PJRT replica,
+        # the host all-reduce of the gradients (services.train.xla.host_sum_gradients).
+        torch_config=TorchConfig(backend="nccl" if t.backend == "cuda" else "gloo"),
+        scaling_config=scaling,
+        run_config=ray.train.RunConfig(
+            name=plan.run.run.name,
+            storage_path=str(Path(plan.run_dir) / "ray"),
+            failure_config=ray.train.FailureConfig(max_failures=t.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=t.keep_last),
+            callbacks=callbacks,
+        ),
+    )
+    return trainer.fit().metrics or {}
+
+
+def result_of(config: RunConfig, *, stopped: str | None = None) -> TrainResult:
+    run_dir = config.run_dir.resolve()
+    final = latest_good(run_dir / CHECKPOINTS_DIR)
+    step, metrics, seconds = 0, {}, 0.0
+    if final is not None:
+        state = read_trainer_json(final)["state"]
+        step, metrics, seconds = state["step"], state["metrics"], state.get("train_seconds", 0.0)
+    t = config.train
+    finished = step >= config.optim.total_steps or bool(t.max_seconds and seconds >= t.max_seconds)
+    return TrainResult(run_dir, step, final, metrics, run_dir / METRICS_FILE, finished and not stopped, stopped)

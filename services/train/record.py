@@ -1,0 +1,69 @@
+"""Where rank 0 keeps the run's record: the run's coordinator actor when it has one, else a ledger of its own.
+
+Both answer the same four calls, so the worker loop does not care which it has.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from services.ledger import RunLedger
+from services.train.plan import WorkerPlan
+
+
+class RunRecord(Protocol):
+    def latest_good_checkpoint(self) -> str | None: ...
+
+    def report(self, step: int, metrics: dict[str, Any]) -> None: ...
+
+    def checkpoint_saved(self, step: int, path: str, metrics: dict[str, Any], *, final: bool) -> None: ...
+
+    def event(self, step: int, event: str, **fields: Any) -> None: ...
+
+
+class LedgerRecord:
+    """A run without a coordinator: rank 0 holds the ledger (index, retention, metrics log); no evaluations."""
+
+    def __init__(self, plan: WorkerPlan):
+        self.ledger = RunLedger(plan.run_dir, plan.run.run.name, plan.run.to_dict(), evaluates=False)
+
+    def latest_good_checkpoint(self) -> str | None:
+        return self.ledger.latest_good_checkpoint()
+
+    def report(self, step: int, metrics: dict[str, Any]) -> None:
+        self.ledger.report(step, metrics)
+
+    def checkpoint_saved(self, step: int, path: str, metrics: dict[str, Any], *, final: bool) -> None:
+        self.ledger.checkpoint_saved(step, path, metrics, final=final)
+
+    def event(self, step: int, event: str, **fields: Any) -> None:
+        self.ledger.event(step, event, **fields)
+
+
+class CoordinatorRecord:
+    """The run's coordinator actor; reports and checkpoint notices are sent without waiting for an answer."""
+
+    def __init__(self, name: str):
+        import ray
+
+        from services import RAY_NAMESPACE
+
+        self.actor = ray.get_actor(name, namespace=RAY_NAMESPACE)
+
+    def latest_good_checkpoint(self) -> str | None:
+        import ray
+
+        return ray.get(self.actor.latest_good_checkpoint.remote())
+
+    def report(self, step: int, metrics: dict[str, Any]) -> None:
+        self.actor.report.remote(step, metrics)
+
+    def checkpoint_saved(self, step: int, path: str, metrics: dict[str, Any], *, final: bool) -> None:
+        self.actor.checkpoint_saved.remote(step, path, metrics, final=final)
+
+    def event(self, step: int, event: str, **fields: Any) -> None:
+        self.actor.event.remote(step, event, fields)
+
+
+def open_record(plan: WorkerPlan) -> RunRecord:
+    return CoordinatorRecord(plan.coordinator) if plan.coordinator else LedgerRecord(plan)

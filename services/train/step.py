@@ -1,0 +1,199 @@
+"""One training step in plain torch: masking a micro-batch, accumulating the global-batch gradient, the update.
+
+Imports only torch, numpy and albert_core, so a single process (a GPU check, a benchmark) runs exactly the step
+the Ray workers run. The global batch is micro × accumulation × workers rows. The MLM loss is averaged over the
+masked tokens of the whole global batch and the pair loss over its labelled rows: the counts are summed over
+workers before the forward pass and each micro-batch's loss is scaled by them, so the gradient is the same however
+the batch is split (tested: 4 × 2 equals 8 × 1). Workers sum gradients with one flat all-reduce per step, which
+also carries the step's statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from albert_core.batch import mlm_batch
+from albert_core.masking import IGNORE_INDEX
+from albert_core.optim import make_optimizer, make_scheduler
+from albert_core.tokenization import TokenIds
+
+if TYPE_CHECKING:  # plain dataclasses of the run config; read by attribute only
+    from services.run_config import DataSection, OptimSection
+
+ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over the workers in place (an all-reduce)
+
+
+def make_micro_batch(
+    rows: dict[str, np.ndarray], *, seed: int, epoch: int, ids: TokenIds, data: DataSection
+) -> dict[str, torch.Tensor]:
+    """Mask a micro-batch of shard rows (dynamic, seeded per example and epoch) into CPU tensors."""
+    for i, row in enumerate(rows["input_ids"]):
+        example = int(rows["example_id"][i])
+        where = f"example {example} (shard {example >> 32}, row {example & 0xFFFFFFFF})"
+        if len(row) > data.max_seq_length:
+            raise ValueError(f"{where} has {len(row)} tokens, more than data.max_seq_length={data.max_seq_length}")
+        if len(row) and (int(np.max(row)) >= ids.vocab_size or int(np.min(row)) < 0):
+            raise ValueError(f"{where} has token id {int(np.max(row))}, outside the vocabulary of {ids.vocab_size}")
+    batch = mlm_batch(
+        rows["input_ids"],
+        rows["token_type_ids"],
+        rows["pair_label"],
+        rows["word_starts"],
+        rows["example_id"],
+        seed=seed,
+        epoch=epoch,
+        seq_len=data.max_seq_length if data.static_shapes else None,
+        vocab_size=ids.vocab_size,
+        special_ids=ids.special_ids,
+        mask_id=ids.mask_id,
+        pad_id=ids.pad_id,
+        mask_prob=data.mask_prob,
+        max_ngram=data.max_ngram,
+    )
+    return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+@dataclass
+class StepStats:
+    """One optimizer step over the global batch (summed over workers). Tensors: read them only when logging."""
+
+    loss: torch.Tensor
+    mlm_loss: torch.Tensor
+    pair_loss: torch.Tensor
+    mlm_acc: torch.Tensor
+    pair_acc: torch.Tensor
+    tokens: int | torch.Tensor  # real (non-pad) tokens in the global batch (XLA: a device scalar)
+    grad_norm: torch.Tensor | None = None
+    lr: float = 0.0
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    micro_batches: Sequence[dict[str, torch.Tensor]],
+    *,
+    device: torch.device | str = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    reduce_sum: ReduceSum | None = None,
+) -> StepStats:
+    """Forward/backward every micro-batch; leaves the gradient of the global-batch loss in `.grad`.
+
+    The global batch is these micro-batches on every worker. `reduce_sum` sums a tensor over workers in place
+    (an all-reduce); None means one process.
+    """
+    device = torch.device(device)
+    counts = torch.tensor([_counts(mb) for mb in micro_batches], dtype=torch.float64).reshape(-1, 3)
+    totals = counts.sum(0).to(device)  # float64 keeps integer counts exact
+    n_masked, n_pairs, n_tokens = (reduce_sum(totals) if reduce_sum else totals).tolist()
+    sums = torch.zeros(4, dtype=torch.float32, device=device)  # mlm loss, pair loss, mlm correct, pair correct
+    for mb, (mb_masked, mb_pairs, _) in zip(micro_batches, counts.tolist(), strict=True):
+        mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            out = model(
+                input_ids=mb["input_ids"],
+                attention_mask=mb["attention_mask"],
+                token_type_ids=mb["token_type_ids"],
+                mlm_labels=mb["mlm_labels"],
+                pair_labels=mb["pair_labels"],
+            )
+        loss = torch.zeros((), device=device)
+        if mb_masked:
+            mlm_sum = out.mlm_loss.float() * mb_masked
+            loss = loss + mlm_sum / n_masked
+            labels = mb["mlm_labels"][mb["mlm_labels"] != IGNORE_INDEX]
+            sums[0] += mlm_sum.detach()
+            sums[2] += (out.mlm_logits.argmax(-1) == labels).sum()
+        if mb_pairs:
+            pair_sum = out.pair_loss.float() * mb_pairs
+            loss = loss + pair_sum / n_pairs
+            labelled = mb["pair_labels"] != IGNORE_INDEX
+            sums[1] += pair_sum.detach()
+            sums[3] += (out.pair_logits.argmax(-1)[labelled] == mb["pair_labels"][labelled]).sum()
+        if loss.requires_grad:
+            loss.backward()
+    if reduce_sum is not None:
+        sums = _reduce_gradients(model, sums, reduce_sum)
+    mlm_loss = sums[0] / max(n_masked, 1.0)
+    pair_loss = sums[1] / max(n_pairs, 1.0)
+    return StepStats(
+        loss=mlm_loss + pair_loss,
+        mlm_loss=mlm_loss,
+        pair_loss=pair_loss,
+        mlm_acc=sums[2] / max(n_masked, 1.0),
+        pair_acc=sums[3] / max(n_pairs, 1.0),
+        tokens=int(n_tokens),
+    )
+
+
+def _counts(mb: dict[str, torch.Tensor]) -> list[float]:
+    """Masked positions, labelled pairs and real tokens of one micro-batch."""
+    return [
+        float((mb["mlm_labels"] != IGNORE_INDEX).sum()),
+        float((mb["pair_labels"] != IGNORE_INDEX).sum()),
+        float(mb["attention_mask"].sum()),
+    ]
+
+
+def _reduce_gradients(model: torch.nn.Module, sums: torch.Tensor, reduce_sum: ReduceSum) -> torch.Tensor:
+    """Sum every gradient and the step's statistics over the workers in one flat all-reduce."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1).float() for g in grads] + [sums])
+    reduce_sum(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).to(p.dtype)
+        offset += n
+    return flat[offset:]
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    micro_batches: Sequence[dict[str, torch.Tensor]],
+    *,
+    grad_clip: float,
+    device: torch.device | str = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    reduce_sum: ReduceSum | None = None,
+) -> StepStats:
+    """One optimizer update: accumulate, clip the global gradient norm (grad_clip <= 0: no clip), LAMB, schedule."""
+    stats = accumulate_gradients(
+        model, micro_batches, device=device, autocast_dtype=autocast_dtype, reduce_sum=reduce_sum
+    )
+    params = [p for p in model.parameters() if p.grad is not None]
+    stats.grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    stats.lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stats
+
+
+def optimizer_for(
+    model: torch.nn.Module, o: OptimSection
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """The optimizer (LAMB or AdamW, parameter groups by name) and schedule that a run's `optim` section describes."""
+    optimizer = make_optimizer(
+        model,
+        name=o.name,
+        lr=o.lr,
+        weight_decay=o.weight_decay,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        bias_correction=o.bias_correction if o.name == "lamb" else None,
+        trust_clip=tuple(o.trust_clip) if o.trust_clip else None,
+    )
+    return optimizer, make_scheduler(optimizer, warmup_steps=o.warmup_steps, total_steps=o.total_steps)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The torch seed for dropout at (run seed, worker, step): reproducible without saved RNG state."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1, dtype=np.uint64)[0] >> 1)

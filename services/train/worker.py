@@ -1,0 +1,380 @@
+"""The loop each Ray Train worker runs. It reads like its table of contents; the backend (services.train.backends)
+is applied from outside, so the loop has no backend branches.
+
+Exact resume. A run stopped at any point and resumed from its newest good checkpoint reproduces the uninterrupted
+run's per-step losses bit for bit on CPU: the example order is a function of the seed and the shard set only
+(albert_core.data_order) and the checkpoint holds the data position; masks are seeded per (run seed, epoch,
+example id) and dropout per (run seed, rank, step), so no RNG state has to survive a crash.
+
+Reporting. Every `train.log_every` steps, every `train.checkpoint_every` steps and at the end, all workers call
+`ray.train.report`, which acts as a barrier. On checkpoint steps rank 0 first writes a training checkpoint to
+`<run_dir>/checkpoints/step_XXXXXXXX` (services.train.state) and attaches it; rank 0 also tells the run's record
+(services.train.record: the coordinator, or its own ledger) about metrics and checkpoints.
+
+Budget. `train.max_seconds` > 0 ends the run at the first step that brings its training time (summed over resumes)
+to the budget: rank 0's clock decides and one tiny broadcast per step tells every worker, so all stop at the same
+step, which is saved as the final checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from albert_core.data_order import ExampleOrder
+from albert_core.model import AlbertForPreTraining
+from services.health import Finding, divergence
+from services.train.backends import EagerBackend, StepBackend, XlaBackend, all_reduce_sum
+from services.train.data import Prefetch, ShardRows, host_steps
+from services.train.plan import WorkerPlan, config_hash
+from services.train.record import RunRecord, open_record
+from services.train.state import TrainerState, checkpoint_dir
+from services.train.step import StepStats, make_micro_batch, optimizer_for, step_seed
+
+log = logging.getLogger(__name__)
+RECENT_LOSSES = 20
+
+STOP_ENV = "ALBERT_STOP_AFTER_STEP"  # simulate a crash right after step N (tests of resume)
+# Debug, opt-in: a directory where every worker appends one line per step it starts, holding the example ids of
+# that step, to `rank<r>.jsonl` (see `trace_step`). A step redone after a failure is appended again.
+TRACE_ENV = "ALBERT_TRACE_EXAMPLES"
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised by every worker right after step ALBERT_STOP_AFTER_STEP (and its checkpoint, if any)."""
+
+
+@dataclass
+class Worker:
+    plan: WorkerPlan
+    rank: int
+    world: int
+    distributed: bool
+    backend: StepBackend
+    record: RunRecord | None  # rank 0 only
+    started_at: int = 0  # the step this process started from
+    recent_losses: list[float] = field(default_factory=list)  # the last logged losses (divergence check)
+    window: list[Any] = field(default_factory=list)  # tokens of the steps since the last log line
+    window_start: float = field(default_factory=time.perf_counter)
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train entry point; `loop_config["plan"]` is the WorkerPlan run_pretraining made."""
+    worker = start_worker(loop_config["plan"])
+    model, optimizer, scheduler = build(worker)
+    state = resume(worker, model, optimizer, scheduler)
+    clock = Clock(worker, state)
+    while True:
+        diverged = train_steps(worker, model, optimizer, scheduler, state, clock)
+        if diverged is None:
+            return
+        state = roll_back(worker, model, optimizer, scheduler, state, diverged)
+        if state is None:
+            return
+
+
+def train_steps(worker: Worker, model, optimizer, scheduler, state: TrainerState, clock: Clock) -> Finding | None:
+    """Train from the state's data position to the end of the run (or its budget); a divergence stops early."""
+    with input_steps(worker, state) as steps:
+        for rows, micro in steps:
+            step = state.step + 1
+            before_step(worker, model, state, step, rows)
+            seed = step_seed(worker.plan.run.run.seed, worker.rank, step)
+            grad_clip = worker.plan.run.optim.grad_clip
+            stats = worker.backend.train_step(model, optimizer, scheduler, micro, grad_clip=grad_clip, seed=seed)
+            advance(worker, state, stats)
+            stop = after_step(worker, model, optimizer, scheduler, state, stats, clock)
+            if stop is not None:
+                return stop if isinstance(stop, Finding) else None
+    return None
+
+
+# --- set-up --------------------------------------------------------------------------------------------------
+
+
+def start_worker(plan: WorkerPlan) -> Worker:
+    import ray.train
+    import ray.train.torch
+    import torch.distributed as dist
+
+    t = plan.run.train
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    if world != t.num_workers:
+        raise RuntimeError(f"train.num_workers is {t.num_workers} but Ray started {world} workers")
+    distributed = dist.is_available() and dist.is_initialized() and world > 1
+    reduce_sum = all_reduce_sum if distributed else None
+    if t.backend == "xla":
+        data = plan.run.data
+        backend = XlaBackend(
+            plan.pjrt_device,
+            world=world,
+            reduce_sum=reduce_sum,
+            precision=t.precision,
+            buckets=tuple(sorted({min(128, data.max_seq_length), data.max_seq_length})),
+            batch_size=t.micro_batch_size,
+            mask_prob=data.mask_prob,
+            pad_id=plan.token_ids.pad_id,
+        )
+    else:
+        device = ray.train.torch.get_device()
+        backend = EagerBackend(device, precision=t.precision, compile=t.compile, reduce_sum=reduce_sum)
+    record = open_record(plan) if rank == 0 else None
+    return Worker(plan, rank, world, distributed, backend, record)
+
+
+def build(worker: Worker):
+    run = worker.plan.run
+    torch.manual_seed(run.run.seed)  # identical initial weights on every worker
+    model = AlbertForPreTraining(run.model_config(worker.plan.token_ids.vocab_size))
+    worker.backend.place(model)  # before the optimizer (XLA needs it)
+    optimizer, scheduler = optimizer_for(model, run.optim)
+    return model, optimizer, scheduler
+
+
+def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
+    """Rank 0 picks the checkpoint to resume from; everyone loads the same one. Otherwise a new run starts from
+    random weights, or from model.init_from's layers (and, with data.continue_from_init, its data position)."""
+    plan, t = worker.plan, worker.plan.run.train
+    found = worker.record.latest_good_checkpoint() if worker.record is not None else None
+    choice = _from_rank0([found], worker)[0]
+    state = TrainerState(
+        dropout=model.config.hidden_dropout_prob,
+        config_hash=config_hash(plan.run),
+        world_size=worker.world,
+        micro_batch_size=t.micro_batch_size,
+    )
+    if choice:
+        state = worker.backend.load(choice, model, optimizer, scheduler)
+        if (state.world_size, state.micro_batch_size) != (worker.world, t.micro_batch_size):
+            log.warning(
+                "%s: written by %d workers x micro-batch %d, resumed by %d x %d; the data position carries over",
+                choice, state.world_size, state.micro_batch_size, worker.world, t.micro_batch_size,
+            )  # fmt: skip
+            state.world_size, state.micro_batch_size = worker.world, t.micro_batch_size
+        if state.config_hash != config_hash(plan.run):
+            log.warning("%s: written under a different run config; continuing with the new one", choice)
+        log.info("rank %d resumes from %s at step %d (epoch %d)", worker.rank, choice, state.step, state.epoch)
+    elif plan.init_from:
+        from albert_core.stacking import load_stacked
+
+        load_stacked(model, plan.init_from)
+        if plan.init_data_position is not None:
+            state.examples_seen = plan.init_data_position
+            state.epoch = state.examples_seen // plan.num_examples
+    worker.started_at = state.step
+    if worker.rank == 0:
+        plan.checkpoints.mkdir(parents=True, exist_ok=True)
+        for stale in plan.checkpoints.glob(".step_*"):  # temporaries of a save that crashed
+            shutil.rmtree(stale, ignore_errors=True)
+    return state
+
+
+def _from_rank0(values: list[Any], worker: Worker) -> list[Any]:
+    if worker.distributed:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(values, src=0)
+    return values
+
+
+@contextlib.contextmanager
+def input_steps(worker: Worker, state: TrainerState) -> Iterator[Iterator]:
+    """This worker's (rows, micro-batches) for every step left, read and masked ahead by a background thread."""
+    plan, run = worker.plan, worker.plan.run
+    t = run.train
+    order = ExampleOrder(plan.rows_per_file, run.run.seed)
+    mask = functools.partial(_mask, seed=run.run.seed, plan=plan)
+    source = host_steps(
+        ShardRows(plan.shard_files, order),
+        position=state.examples_seen,
+        steps=max(0, run.optim.total_steps - state.step),
+        global_batch=t.global_batch_size,
+        micro_batch=t.micro_batch_size,
+        rank=worker.rank,
+        world=worker.world,
+        mask=mask,
+    )
+    prefetch = Prefetch(source, depth=2)
+    try:
+        with worker.backend.step_batches(prefetch) as steps:
+            yield steps if not Clock.spent(run.train, state) else iter(())
+    finally:
+        prefetch.close()
+
+
+def _mask(rows, epochs, *, seed: int, plan: WorkerPlan):
+    return make_micro_batch(rows, seed=seed, epoch=epochs, ids=plan.token_ids, data=plan.run.data)
+
+
+# --- each step -----------------------------------------------------------------------------------------------
+
+
+def before_step(worker: Worker, model, state: TrainerState, step: int, rows) -> None:
+    if worker.plan.trace_examples:  # before the step: a worker killed inside it leaves the line, and redoes it
+        trace_step(Path(worker.plan.trace_examples) / f"rank{worker.rank}.jsonl", step=step, epoch=state.epoch,
+                   rank=worker.rank, rows=rows)  # fmt: skip
+    removal = worker.plan.run.train.dropout_removal_step
+    if removal and step >= removal and state.dropout != 0.0:
+        model.set_dropout(0.0)
+        state.dropout = 0.0
+
+
+def advance(worker: Worker, state: TrainerState, stats: StepStats) -> None:
+    state.step += 1
+    state.examples_seen += worker.plan.run.train.global_batch_size
+    state.epoch = state.examples_seen // worker.plan.num_examples
+    worker.window.append(stats.tokens)
+
+
+class Clock:
+    """The run's training time (summed over resumes) against train.max_seconds; rank 0's clock decides."""
+
+    def __init__(self, worker: Worker, state: TrainerState):
+        self.worker = worker
+        self.started, self.before = time.perf_counter(), state.train_seconds
+
+    @staticmethod
+    def spent(train, state: TrainerState) -> bool:
+        return bool(train.max_seconds) and state.train_seconds >= train.max_seconds
+
+    def tick(self, state: TrainerState) -> bool:
+        """Update state.train_seconds; True on every worker once the budget is spent."""
+        state.train_seconds = self.before + time.perf_counter() - self.started
+        if not self.worker.plan.run.train.max_seconds:
+            return False
+        return _rank0_decides(self.spent(self.worker.plan.run.train, state), self.worker.distributed)
+
+
+def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState, stats: StepStats, clock):
+    """Log, check health, checkpoint, report. Returns True when the run ends here (budget spent), the Finding when
+    the step diverged (nothing of it is saved), else None."""
+    import ray.train
+
+    t, step = worker.plan.run.train, state.step
+    out_of_time = clock.tick(state)
+    is_last = step == worker.plan.run.optim.total_steps or out_of_time
+    save = step % t.checkpoint_every == 0 or is_last
+    if step % t.log_every == 0 or save:
+        metrics = _metrics(worker, stats, state)
+        diverged = divergence(step, metrics["loss"], metrics["grad_norm"], worker.recent_losses, t.divergence_factor)
+        if diverged is not None:
+            return diverged
+        worker.recent_losses = [*worker.recent_losses, metrics["loss"]][-RECENT_LOSSES:]
+        checkpoint = None
+        if worker.record is not None:
+            worker.record.report(step, metrics)
+            if save:
+                path = worker.backend.save(
+                    checkpoint_dir(worker.plan.checkpoints, step), model, optimizer, scheduler, state
+                )
+                worker.record.checkpoint_saved(step, str(path), metrics, final=is_last)
+                checkpoint = ray.train.Checkpoint.from_directory(str(path))
+        if save:
+            ray.train.report(metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=False)
+        else:
+            ray.train.report(metrics)
+    if worker.plan.stop_after_step == step and step > worker.started_at:
+        raise SimulatedCrash(f"{STOP_ENV}={step}: stopping after step {step} to simulate a crash")
+    if out_of_time:
+        log.info("train.max_seconds=%s spent at step %d: the run ends here", t.max_seconds, step)
+        return True
+    return None
+
+
+def roll_back(worker: Worker, model, optimizer, scheduler, state: TrainerState, diverged: Finding):
+    """train.on_divergence: "rollback" reloads the last good checkpoint and scales the learning rate down; "stop"
+    (or no checkpoint, or rollbacks used up) ends the run. The event goes to the run's record; the last report tells
+    the driver why the run stopped. Returns the state to continue from, or None."""
+    import ray.train
+
+    t = worker.plan.run.train
+    path = worker.record.latest_good_checkpoint() if worker.record is not None else None
+    path = _from_rank0([path], worker)[0]
+    if t.on_divergence != "rollback" or path is None or state.rollbacks >= t.max_rollbacks:
+        why = "train.on_divergence is stop" if t.on_divergence != "rollback" else (
+            "no checkpoint to roll back to" if path is None else f"train.max_rollbacks ({t.max_rollbacks}) used up"
+        )  # fmt: skip
+        if worker.record is not None:
+            worker.record.event(state.step, "divergence", **diverged.fields(), action=f"stopped ({why})")
+        ray.train.report({"step": state.step, "stopped": f"{diverged.message}; {why}. {diverged.remedy}"})
+        return None
+    scale, rollbacks, diverged_at = state.lr_scale * t.rollback_lr_scale, state.rollbacks + 1, state.step
+    state = worker.backend.load(path, model, optimizer, scheduler)
+    state.lr_scale, state.rollbacks = scale, rollbacks
+    apply_lr_scale(optimizer, scheduler, scale)
+    worker.recent_losses, worker.window, worker.window_start = [], [], time.perf_counter()
+    if worker.record is not None:
+        worker.record.event(
+            diverged_at, "divergence", **diverged.fields(), action=f"rolled back to step {state.step}", lr_scale=scale
+        )
+    log.warning("%s; rolled back to step %d with the learning rate scaled by %g", diverged.message, state.step, scale)
+    return state
+
+
+def apply_lr_scale(optimizer, scheduler, scale: float) -> None:
+    """Scale the schedule's base learning rates (and the current rate) by `scale` of the configured ones."""
+    scheduler.base_lrs = [group["initial_lr"] * scale for group in optimizer.param_groups]
+    for group, lr in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
+
+
+def _metrics(worker: Worker, stats: StepStats, state: TrainerState) -> dict[str, Any]:
+    values = {
+        "loss": stats.loss,
+        "mlm_loss": stats.mlm_loss,
+        "pair_loss": stats.pair_loss,
+        "mlm_acc": stats.mlm_acc,
+        "pair_acc": stats.pair_acc,
+        "grad_norm": stats.grad_norm,
+    }
+    first_example = state.examples_seen - worker.plan.run.train.global_batch_size
+    metrics: dict[str, Any] = {"step": state.step, "epoch": first_example // worker.plan.num_examples}
+    metrics.update({k: float(v) for k, v in values.items()})
+    now = time.perf_counter()
+    tokens = sum(int(n) for n in worker.window)  # XLA: device scalars, read only here
+    metrics.update(lr=float(stats.lr), tokens_per_s=tokens / max(now - worker.window_start, 1e-9))
+    metrics.update(dropout=float(state.dropout), train_seconds=round(state.train_seconds, 3), lr_scale=state.lr_scale)
+    metrics.update(worker.backend.metrics())
+    worker.window, worker.window_start = [], now
+    state.metrics = metrics
+    return metrics
+
+
+def _rank0_decides(flag: bool, distributed: bool) -> bool:
+    """Rank 0's flag on every worker (one tiny broadcast), so that all of them stop at the same step."""
+    if not distributed:
+        return flag
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    decision = torch.tensor([int(flag)], device=device)
+    dist.broadcast(decision, src=0)
+    return bool(decision.item())
+
+
+def trace_step(path: Path, *, step: int, epoch: int, rank: int, rows) -> None:
+    """Append {"step", "epoch", "rank", "pid", "time", "example_ids"} as a step starts (ALBERT_TRACE_EXAMPLES).
+
+    Written before the step, so every step a worker trained has its line, even when the worker dies right after the
+    step while another rank's checkpoint keeps it. A step redone after a failure is appended again: the last line
+    of each (rank, step) is the attempt that counted. One O_APPEND write per line: lines are whole or absent.
+    """
+    ids = [int(i) for r in rows for i in r["example_id"]]
+    record = {"step": step, "epoch": epoch, "rank": rank, "pid": os.getpid(), "time": time.time(), "example_ids": ids}
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)

@@ -1,0 +1,122 @@
+"""The example order of pretraining: every example once per epoch, well mixed, the same for any worker count and
+after a resume (albert_core.data_order, services.train.data on real Parquet shards)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from albert_core.data_order import ExampleOrder, worker_positions
+from albert_core.shards import write_random_shards
+from services.train.data import Prefetch, ShardRows, host_steps
+
+FILE_ROWS = (500, 300, 700, 12)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    train = tmp_path_factory.mktemp("shards") / "train"
+    write_random_shards(train, FILE_ROWS, vocab_size=50, rng=np.random.default_rng(0))
+    files = sorted(str(p) for p in train.glob("*.parquet"))
+    return files, tuple(pq.ParquetFile(f).metadata.num_rows for f in files)
+
+
+def epoch_ids(reader: ShardRows, epoch: int) -> list[int]:
+    n = reader.order.num_examples
+    rows, epochs = reader.order.rows_at(np.arange(epoch * n, (epoch + 1) * n))
+    assert (epochs == epoch).all()
+    return reader.read(rows)["example_id"].tolist()
+
+
+@pytest.mark.parametrize("window_rows", [128, 1 << 16])
+def test_every_epoch_visits_every_example_id_once_and_epochs_differ(shards, window_rows):
+    files, rows = shards
+    reader = ShardRows(files, ExampleOrder(rows, seed=5, block_rows=32, window_rows=window_rows))
+    every = sorted(int(i) for f in files for i in pq.read_table(f, columns=["example_id"])["example_id"].to_pylist())
+    first, second = epoch_ids(reader, 0), epoch_ids(reader, 1)
+    assert sorted(first) == every and sorted(second) == every
+    assert first != second
+
+
+def test_a_micro_batch_mixes_rows_from_many_places_of_the_corpus(shards):
+    files, rows = shards
+    reader = ShardRows(files, ExampleOrder(rows, seed=5))  # default blocks of 128 rows
+    batch, _ = reader.order.rows_at(np.arange(0, 32))
+    ids = reader.read(batch)["example_id"]
+    places = {(int(i) >> 32, (int(i) & 0xFFFFFFFF) // 128) for i in ids}  # (file, 128-row block)
+    assert len(places) >= 10  # read in file order, all 32 rows would be from one block
+
+
+def test_a_window_holds_only_rows_of_its_own_blocks(shards):
+    _, rows = shards
+    order = ExampleOrder(rows, seed=2, block_rows=50, window_rows=200)
+    window = order.window(0, 1)
+    files, local = order.file_row(window)
+    assert 200 <= len(window) < 250
+    assert len({(int(f), int(r) // 50) for f, r in zip(files, local, strict=True)}) <= 5
+
+
+def test_the_global_batch_is_the_same_for_one_two_or_four_workers():
+    for position in (0, 48, 1500):
+        split = {
+            world: [p for r in range(world) for p in worker_positions(position, 48, r, world)] for world in (1, 2, 4)
+        }
+        assert split[1] == split[2] == split[4] == list(range(position, position + 48))
+
+
+def test_a_global_batch_that_crosses_the_epoch_end_continues_into_the_next_epoch(shards):
+    _, rows = shards
+    order = ExampleOrder(rows, seed=1)
+    n = order.num_examples
+    got, epochs = order.rows_at(np.arange(n - 3, n + 3))
+    assert epochs.tolist() == [0, 0, 0, 1, 1, 1]
+    assert got[:3].tolist() == order.rows_at(np.arange(n - 3, n))[0].tolist()
+    assert got[3:].tolist() == order.rows_at(np.arange(n, n + 3))[0].tolist()
+
+
+def steps_from(files, rows, position, steps, rank=0, world=2):
+    reader = ShardRows(files, ExampleOrder(rows, seed=9))
+    source = host_steps(
+        reader,
+        position=position,
+        steps=steps,
+        global_batch=16,
+        micro_batch=4,
+        rank=rank,
+        world=world,
+        mask=lambda part, epochs: epochs.tolist(),
+    )
+    return [([part["example_id"].tolist() for part in rows_], micro) for rows_, micro in source]
+
+
+def test_a_resumed_stream_replays_the_uninterrupted_one_from_its_data_position(shards):
+    files, rows = shards
+    straight = steps_from(files, rows, 0, 200)  # crosses the epoch end (1,512 rows) at step 95
+    assert steps_from(files, rows, 16 * 120, 80) == straight[120:]
+    assert {tuple(e) for _, micro in straight for e in micro} >= {(0, 0, 0, 0), (1, 1, 1, 1)}
+
+
+def test_prefetch_delivers_every_item_in_order_and_raises_the_source_error_after_them():
+    def source():
+        yield from range(5)
+        raise ValueError("shard 3 is damaged")
+
+    items = Prefetch(source(), depth=2)
+    assert [next(items) for _ in range(5)] == list(range(5))
+    with pytest.raises(ValueError, match="shard 3 is damaged"):
+        next(items)
+
+
+def test_prefetch_closed_early_stops_reading_its_source():
+    read = []
+
+    def source():
+        for i in range(1000):
+            read.append(i)
+            yield i
+
+    items = Prefetch(source(), depth=2)
+    next(items)
+    items.close()
+    assert len(read) <= 5
