@@ -1,8 +1,8 @@
 """Fine-tuning jobs on Ray: one Ray task per seed, the median over seeds, ensembles, and `albert finetune`.
 
-All the math lives in `albert_core.finetuning`; this module only fans seeds out as Ray tasks (each on its own
-CPUs, torch limited to that many threads, run in parallel as far as the cluster's resources allow), collects the
-results, and writes the summary:
+All the math lives in `albert_core.finetuning` (its config in `albert_core.finetune_config`); this module only fans
+seeds out as Ray tasks (each on its own CPUs, torch limited to that many threads, run in parallel as far as the
+cluster's resources allow), collects the results, and writes the summary:
 
     <output>/seed_<s>/    metrics.jsonl, result.json, predictions, outputs_<split>.npz   (one run)
     <output>/ensemble/    the ensemble's prediction files                                (with ensemble=True)
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from albert_core.finetuning import FinetuneConfig
+    from albert_core.finetune_config import FinetuneConfig
 
 # torch and ray are imported where they are used: `albert --help` builds this module's parser and stays instant.
-# The same names as albert_core.finetuning.TASKS (a test keeps them equal).
+# The same names as albert_core.finetune_config.TASKS (a test keeps them equal).
 TASKS = (
     *("cola", "stsb", "sst2", "mnli", "qnli", "qqp", "rte", "mrpc", "wnli"),
     *("mnli-m", "mnli-mm", "squad1", "squad2", "race", "polarity"),
@@ -40,7 +40,7 @@ _RUN_FIELDS = frozenset({"task", "data_dir", "checkpoint", "seed", "overrides", 
 
 def default_seeds(task: str) -> int:
     """5 runs for GLUE tasks (the paper's median), 1 for the others."""
-    from albert_core.finetuning import GLUE_FINETUNE_TASKS, canonical_task
+    from albert_core.finetune_config import GLUE_FINETUNE_TASKS, canonical_task
 
     task = canonical_task(task)
     return GLUE_SEEDS if task in GLUE_FINETUNE_TASKS or task.startswith("mnli") else 1
@@ -69,7 +69,7 @@ def seed_configs(
     """One FinetuneConfig per seed. `overrides` mixes TaskHyperparams fields (lr, batch_size, ...) and
     FinetuneConfig fields (max_steps, eval_every, patience, tokenizer, model, device, ...)."""
     from albert_core.config import AlbertConfig
-    from albert_core.finetuning import FinetuneConfig, TaskHyperparams
+    from albert_core.finetune_config import FinetuneConfig, TaskHyperparams
 
     hyper_fields = {f.name for f in dataclasses.fields(TaskHyperparams)}
     config_fields = {f.name for f in dataclasses.fields(FinetuneConfig)} - _RUN_FIELDS
@@ -195,7 +195,8 @@ def run_downstream(
     "test" (per-seed test metrics where labels are public), "results" (each run's result), "seconds" and, with
     ensemble=True (needs output_dir), "ensemble": the seeds' averaged outputs scored like one run.
     """
-    from albert_core.finetuning import canonical_task, score_ensemble
+    from albert_core.finetune_config import canonical_task
+    from albert_core.finetuning import score_ensemble
 
     task = canonical_task(task)
     if ensemble and output_dir is None:
@@ -241,7 +242,8 @@ def downstream_evaluator(
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     from albert_core.config import AlbertConfig
-    from albert_core.finetuning import canonical_task, finetune
+    from albert_core.finetune_config import canonical_task
+    from albert_core.finetuning import finetune
 
     task = canonical_task(args.task)
     flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from albert_core.finetuning import FinetuneConfig
+from albert_core.finetune_config import FinetuneConfig
 from services.finetune import default_seeds, downstream_evaluator, register, run_downstream, seed_configs, seed_list
 from tests.test_finetuning import keyword_rows, tiny, write_sst2
 
@@ -61,7 +61,7 @@ def overrides_for(tok_dir: Path, **extra) -> dict:
 
 
 def test_task_names_are_those_of_albert_core():
-    from albert_core.finetuning import TASKS as CORE_TASKS
+    from albert_core.finetune_config import TASKS as CORE_TASKS
     from services.finetune import TASKS
 
     assert TASKS == CORE_TASKS
