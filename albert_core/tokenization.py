@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from albert_core.corpus import split_sentences
+from albert_core.sentences import split_sentences
 
 log = logging.getLogger(__name__)
 

@@ -51,9 +51,9 @@ from albert_core.corpus import (
     Skip,
     list_inputs,
     read_documents,
-    split_sentences,
 )
 from albert_core.pairs import OBJECTIVES, PairConfig, create_pairs
+from albert_core.sentences import split_sentences
 from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, HELDOUT_SCHEMA, MANIFEST_FILE, TRAIN_DIR, example_id
 from albert_core.tokenization import Tokenizer
 
