@@ -338,9 +338,6 @@ class Tokenizer:
         add_special_tokens=False) except where the text spells a special token ("[MASK]") literally."""
         return self.sp.encode(self.preprocess(text))
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.sp.encode([self.preprocess(t) for t in texts])
-
     def encode_pieces(self, text: str) -> list[str]:
         return self.sp.encode(self.preprocess(text), out_type=str)
 
