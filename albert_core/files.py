@@ -1,4 +1,4 @@
-"""Durable files without torch: atomic writes, sha256 manifests and their verification.
+"""Durable files without torch: atomic writes (bytes, CSV), sha256 manifests and their verification.
 
 Used by model checkpoints, training checkpoints and the coordinator (which runs without importing torch).
 A manifest is `MANIFEST.json` = {"files": {name: {"sha256": hex, "size": bytes}}, ...}, written last.
@@ -6,7 +6,9 @@ A manifest is `MANIFEST.json` = {"files": {name: {"sha256": hex, "size": bytes}}
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -66,6 +68,16 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_csv(path: str | Path, rows: Iterable[dict[str, Any]], columns: list[str]) -> None:
+    """A CSV file with a header of `columns` and one line per row (missing fields empty), written atomically."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: row.get(c, "") for c in columns})
+    atomic_write_bytes(path, buffer.getvalue().encode())
 
 
 def write_manifest(directory: str | Path, names: Iterable[str], **fields: Any) -> dict[str, Any]:

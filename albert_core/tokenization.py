@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from albert_core.corpus import split_sentences
+from albert_core.sentences import split_sentences
 
 log = logging.getLogger(__name__)
 
@@ -337,9 +337,6 @@ class Tokenizer:
         """Token ids of `text`, without [CLS]/[SEP]. Equal to transformers' AlbertTokenizer(text,
         add_special_tokens=False) except where the text spells a special token ("[MASK]") literally."""
         return self.sp.encode(self.preprocess(text))
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.sp.encode([self.preprocess(t) for t in texts])
 
     def encode_pieces(self, text: str) -> list[str]:
         return self.sp.encode(self.preprocess(text), out_type=str)

@@ -2,7 +2,7 @@
 initialization, with the same budget, and compare accuracy on held-out sentences (issue 5's acceptance experiment).
 
 Data: gensim's pang_lee_polarity.cor (200 movie-review sentences from Pang & Lee, fastText labels), the fixed
-split of `albert_core.finetuning.polarity_split`: 150 for training, 50 (25 per label) held out. Each run trains
+split of `albert_core.downstream.glue.polarity_split`: 150 for training, 50 (25 per label) held out. Each run trains
 POLARITY_HYPERPARAMS' steps (or --steps) and is scored once, at its last step, on the held-out sentences: no
 model selection touches them.
 
@@ -42,11 +42,14 @@ import torch
 from albert_core.batch import mlm_batch
 from albert_core.checkpoint import read_checkpoint, save_model
 from albert_core.config import AlbertConfig
-from albert_core.corpus import Document, read_documents, split_sentences
-from albert_core.finetuning import POLARITY_FILE, POLARITY_HYPERPARAMS, FinetuneConfig, finetune
+from albert_core.corpus import Document, read_documents
+from albert_core.downstream.glue import POLARITY_FILE
+from albert_core.finetune_config import POLARITY_HYPERPARAMS, FinetuneConfig
+from albert_core.finetuning import finetune
 from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.pairs import PairConfig, create_pairs
+from albert_core.sentences import split_sentences
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 
 log = logging.getLogger("finetune_polarity")

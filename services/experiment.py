@@ -1,539 +1,50 @@
-"""The paper's experiments: `albert analyze layers` (Figure 1) and `albert experiment run` (ablation grids).
+"""`albert experiment run|table`: the paper's ablation grids, one pretraining run per cell of a spec.
 
-analyze layers: for each checkpoint (ours or transformers', ALBERT or BERT-style), the mean L2 distance and cosine
-similarity between every layer's input and output over the real tokens of held-out inputs
-(`albert_core.analysis.layer_transitions`), written as layers.csv and layers.png (one line per checkpoint).
-The inputs are either a held-out Parquet file from `albert preprocess` (`<shards>/heldout/documents.parquet`:
-unmasked `[CLS] A [SEP] B [SEP]` pairs of consecutive segments, token ids of the shards' tokenizer, which every
-checkpoint must share) or a plain text file (paragraphs separated by blank lines, each checkpoint reading it with
-its own tokenizer: spiece.model / tokenizer.json / vocab.txt in the checkpoint directory, else `--tokenizer`).
-
-experiment run: a grid of pretraining runs described by a TOML spec (configs/experiments/*.toml):
-
-    [experiment]
-    name = "table5-small"            # everything goes to <output_dir>/<name>/
-    recipe = "tiny"                  # the base RunConfig: a shipped recipe name or a TOML path
-    output_dir = "runs/experiments"
-    [set]                            # dotted fields set in every cell
-    "optim.total_steps" = 150
-    [grid]                           # axes; every combination is one cell, the first axis varying slowest
-    "preprocess.objective" = ["none", "nsp", "sop"]
-    "model.overrides.sharing" = ["all", "none"]
-    [[cells]]                        # optional explicit cells (instead of, or after, the grid's)
-    name = "e768"                    # optional; else named after its values
-    "model.overrides.embedding_size" = 768
-    [preprocess]                     # optional: the shards are built here, once per distinct preprocess option set
-    inputs = ["data/corpus"]
-    tokenizer = ".cache/albert/tokenizer-8000/spiece.model"
-    [probe]                          # linear probes of the pooled [CLS] (see below)
-    examples = 512
-
-Dotted fields: `section.field` of RunConfig (run, model, data, optim, train, eval), `model.overrides.FIELD` for any
-AlbertConfig field (embedding_size, sharing, num_hidden_groups, num_hidden_layers, hidden_size, ...), and
-`preprocess.FIELD` (objective, short_seq_prob, heldout_fraction, ...): the pretraining objective is a property of
-the shards (`albert preprocess --objective sop|nsp|none`), so each distinct preprocess option set gets its own
-shards directory `<cache>/<objective>-<max_seq_length>-<hash>`, built once and reused (a directory with a
-manifest.json is complete). Every cell's RunConfig is built and validated before anything runs.
-
-`"model.init_from" = "cell:NAME"` starts a cell from the final checkpoint of an earlier cell NAME of the same spec
-(progressive stacking onto the cell's depth, `albert_core.stacking`; configs/experiments/stacking-small.toml). The
-cell's RunConfig then names that checkpoint's path, its fingerprint includes NAME's, and it runs after NAME.
-
-Each cell: `services.pipeline.pretrain` (coordinator, checkpoints, resume from the newest good checkpoint), then the
-final checkpoint is measured on the shards' held-out documents:
-- mlm_acc / mlm_loss / sop_acc / nsp_acc: `services.eval.evaluate_model` with the run's IntrinsicOptions, i.e. the
-  pretrained pair head applied as it is, on SOP pairs and on NSP pairs (the paper's Table 5 protocol; a model
-  pretrained without a pair objective has an untrained head and scores chance). This is exactly what the run's
-  coordinator already does with the final checkpoint (it always evaluates a run's last checkpoint, on
-  `<shards>/heldout` with the run's IntrinsicOptions), so the cell takes that evaluation from the run's
-  metrics.jsonl instead of repeating it (`coordinator_evaluation`; the result says "heldout_eval": "coordinator").
-  Reusing it was simpler than switching the coordinator's final evaluation off for cells, which would need a
-  coordinator option and leave plain `albert pretrain` runs and cells evaluated by different code. The runner
-  evaluates the checkpoint itself ("heldout_eval": "runner") only when that evaluation is missing (it failed, or
-  was still running when pretrain stopped waiting) or could differ: the coordinator was started with other
-  evaluation options or shards (coordinator.json), or the shards' tokenizer has special ids other than ALBERT's
-  layout (the coordinator's evaluator assumes that layout).
-- sop_probe / nsp_probe: the pair head re-fitted for the task with the encoder frozen: a fresh logistic
-  regression on the pooled [CLS] vector (the pair head's input), trained on unmasked pairs from one half of the
-  held-out documents and scored on pairs from the other half (`albert_core.analysis.pair_probe`). This is what
-  "briefly fine-tune the pair head" means here, and it is done for every model and task alike, so an NSP model
-  probed on SOP and an objective-none model are measured the same way as the rest.
-- params: `albert_core.config.count_parameters` of the cell's model (embeddings + encoder + pooler).
-A finished cell leaves `<exp>/cells/<cell>.json` (its values, a fingerprint of everything that decides its
-result, and the results), written last; a rerun skips it. RunConfig fields added after the first marker version
-(model.init_from, train.compile, ...) enter the fingerprint only when set, so adding a field does not orphan the
-cells that finished before it existed. A marker whose fingerprint no longer matches the spec is
-refused, not silently reused. The results table (results.csv, results.md) is rewritten after every cell.
-
-Cluster: `--address` runs each cell's Ray Train workers on that cluster (the driver stays here); the shards, cache
-and output directories must then be paths every node can read (a shared filesystem).
+Each cell (`services.experiment_spec`) is pretrained with `services.pipeline.pretrain` (resuming its run), then its
+final checkpoint is measured on the shards' held-out documents: the intrinsic metrics with the pair head as
+pretrained (taken from the coordinator's final evaluation when it measured the same thing), linear probes of the
+pooled [CLS] (`albert_core.analysis.pair_probe`) and the parameter count. A finished cell leaves
+`<exp>/cells/<cell>.json` (its values, a fingerprint of everything that decides its result, and the results),
+written last; a rerun skips it, and a marker whose fingerprint no longer matches the spec is refused. The results
+table (results.csv, results.md) is rewritten after every cell. docs/experiments.md has the details.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
 import dataclasses
 import hashlib
-import io
-import itertools
 import json
-import re
 import time
-import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from albert_core.config import AlbertConfig, ConfigError, count_parameters
-from albert_core.files import atomic_write_bytes
-from services.run_config import RunConfig, resolve_config_path
+from albert_core.config import ConfigError, count_parameters
+from albert_core.files import atomic_write_bytes, atomic_write_csv
+from services.analyze import cmd_analyze_layers  # noqa: F401 (kept for `register`'s callers, see there)
+from services.experiment_spec import (
+    RUNS_DIR,
+    Cell,
+    ExperimentSpec,
+    ProbeSpec,
+    cell_config,
+    cell_preprocess,
+    init_source,
+    shards_dir,
+)
+from services.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from argparse import Namespace, _SubParsersAction  # services.cli builds the parsers
 
 CELLS_DIR = "cells"
-RUNS_DIR = "runs"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 MARKER_VERSION = 1
-LAYERS_CSV = "layers.csv"
-LAYERS_PNG = "layers.png"
-RUN_SECTIONS = ("run", "model", "data", "optim", "train", "eval")
 METRIC_COLUMNS = ("mlm_acc", "mlm_loss", "sop_acc", "nsp_acc", "sop_probe", "nsp_probe")
 
 
 # ============================================================================================================
-# analyze layers (Figure 1)
-
-
-def checkpoint_label(path: str | Path) -> str:
-    """A short name for a checkpoint: the run name for `<run>/checkpoints/step_N`, else the directory name."""
-    path = Path(path).resolve()
-    if path.name.startswith("step_") and path.parent.name == "checkpoints":
-        return f"{path.parent.parent.name}@{int(path.name.removeprefix('step_'))}"
-    return path.name
-
-
-def _read_paragraphs(path: Path) -> list[str]:
-    text = path.read_text(encoding="utf-8")
-    paragraphs = [" ".join(block.split()) for block in re.split(r"\n\s*\n", text)]
-    paragraphs = [p for p in paragraphs if p]
-    if not paragraphs:
-        raise ValueError(f"{path}: no text (expected paragraphs separated by blank lines)")
-    return paragraphs
-
-
-def _text_sequences(
-    paragraphs: list[str], checkpoint: Path, tokenizer: str | None, max_seq_length: int
-) -> tuple[list[list[int]], int]:
-    """[CLS] paragraph [SEP] token ids and the pad id, with the checkpoint's own tokenizer (spiece.model,
-    tokenizer.json or vocab.txt in its directory), else with `tokenizer` (a spiece.model)."""
-    from albert_core.tokenization import MODEL_FILE, Tokenizer
-
-    if (checkpoint / "tokenizer.json").is_file() or (checkpoint / "vocab.txt").is_file():
-        from transformers import AutoTokenizer
-
-        hf = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
-        encoded = hf(paragraphs, truncation=True, max_length=max_seq_length)["input_ids"]
-        return [list(ids) for ids in encoded], int(hf.pad_token_id or 0)
-    spiece = checkpoint / MODEL_FILE if (checkpoint / MODEL_FILE).is_file() else tokenizer
-    if spiece is None:
-        raise ValueError(
-            f"{checkpoint}: no tokenizer for the text input: put spiece.model, tokenizer.json or vocab.txt in the "
-            "checkpoint directory, or pass --tokenizer spiece.model"
-        )
-    tok = Tokenizer.load(spiece)
-    body = max_seq_length - 2
-    return [[tok.cls_id, *tok.encode(p)[:body], tok.sep_id] for p in paragraphs], tok.pad_id
-
-
-def _heldout_sequences(
-    heldout: Path, tokenizer: str | None, max_seq_length: int, max_examples: int, seed: int
-) -> tuple[list[list[int]], list[list[int]], int, int]:
-    """Unmasked consecutive-segment pairs from held-out documents: (ids, token types, pad id, vocab size)."""
-    from albert_core.analysis import document_pairs
-    from albert_core.evaluation import read_heldout
-    from albert_core.tokenization import TokenIds, Tokenizer
-    from services.train import resolve_token_ids
-
-    if tokenizer:
-        ids = TokenIds.from_tokenizer(Tokenizer.load(tokenizer))
-    else:
-        shards = heldout.parent.parent  # <shards>/heldout/documents.parquet
-        try:
-            ids = resolve_token_ids(shards, RunConfig())
-        except ConfigError as err:
-            raise ValueError(f"{heldout}: cannot tell its tokenizer ({err}); pass --tokenizer") from None
-    documents = read_heldout(str(heldout))
-    examples = document_pairs(
-        [d.sentences for d in documents],
-        objective="none",
-        max_seq_length=max_seq_length,
-        seed=seed,
-        cls_id=ids.cls_id,
-        sep_id=ids.sep_id,
-        max_examples=max_examples,
-    )
-    if not examples:
-        raise ValueError(f"{heldout}: the held-out documents yield no pairs")
-    return [e.input_ids for e in examples], [e.token_type_ids for e in examples], ids.pad_id, ids.vocab_size
-
-
-def analyze_layers(
-    checkpoints: list[str | Path],
-    heldout: str | Path,
-    out_dir: str | Path,
-    *,
-    labels: list[str] | None = None,
-    tokenizer: str | None = None,
-    max_seq_length: int = 128,
-    max_examples: int = 256,
-    batch_size: int = 16,
-    seed: int = 12345,
-) -> dict[str, Any]:
-    """Figure 1 for each checkpoint: writes out_dir/layers.csv and layers.png; returns {"csv", "png", "rows"}."""
-    from albert_core.analysis import layer_transitions, pad_batches
-    from albert_core.checkpoint import load_model
-    from albert_core.model import AlbertModel
-
-    if not checkpoints:
-        raise ValueError("analyze layers: give at least one checkpoint directory")
-    if labels is not None and len(labels) != len(checkpoints):
-        raise ValueError(f"--label: {len(labels)} labels for {len(checkpoints)} checkpoints")
-    heldout = Path(heldout)
-    if not heldout.is_file():
-        raise FileNotFoundError(f"{heldout}: no such held-out file (a .parquet from albert preprocess, or text)")
-    labels = labels or [checkpoint_label(c) for c in checkpoints]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"checkpoint labels must differ, got {labels}; pass --label for each checkpoint")
-    is_parquet = heldout.suffix == ".parquet"
-    shared = _heldout_sequences(heldout, tokenizer, max_seq_length, max_examples, seed) if is_parquet else None
-    paragraphs = None if is_parquet else _read_paragraphs(heldout)[:max_examples]
-
-    rows: list[dict[str, Any]] = []
-    for checkpoint, label in zip(checkpoints, labels, strict=True):
-        checkpoint = Path(checkpoint)
-        model = load_model(checkpoint, AlbertModel)
-        config = model.config
-        if shared is not None:
-            sequences, types, pad_id, vocab = shared
-            if vocab != config.vocab_size:
-                raise ValueError(
-                    f"{checkpoint}: its vocabulary has {config.vocab_size} entries but {heldout} was tokenized with "
-                    f"{vocab}; give a text file as --heldout so each checkpoint uses its own tokenizer"
-                )
-        else:
-            sequences, pad_id = _text_sequences(paragraphs, checkpoint, tokenizer, max_seq_length)
-            types = None
-            too_big = max(max(s) for s in sequences)
-            if too_big >= config.vocab_size:
-                raise ValueError(
-                    f"{checkpoint}: the tokenizer gives id {too_big}, outside its {config.vocab_size} entries"
-                )
-        longest = max(len(s) for s in sequences)
-        if longest > config.max_position_embeddings:
-            raise ValueError(f"{checkpoint}: inputs of {longest} tokens exceed max_position_embeddings")
-        batches = pad_batches(sequences, pad_id=pad_id, batch_size=batch_size, token_type_ids=types)
-        for row in layer_transitions(model, batches):
-            rows.append(
-                {
-                    "label": label,
-                    "checkpoint": str(checkpoint),
-                    "sharing": config.sharing,
-                    "layers": config.num_hidden_layers,
-                    **row,
-                }
-            )
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = out_dir / LAYERS_CSV
-    atomic_write_bytes(
-        csv_path, _csv_bytes(rows, ["label", "checkpoint", "sharing", "layers", "layer", "l2", "cosine", "tokens"])
-    )
-    png_path = out_dir / LAYERS_PNG
-    plot_layer_transitions(rows, png_path, title=f"layer transitions on {heldout.name}")
-    return {"csv": csv_path, "png": png_path, "rows": rows}
-
-
-def plot_layer_transitions(rows: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
-    """Two panels as the paper's Figure 1: L2 distance and cosine similarity per layer, one line per checkpoint."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for label in dict.fromkeys(r["label"] for r in rows):
-        mine = [r for r in rows if r["label"] == label]
-        layers = [r["layer"] for r in mine]
-        left.plot(layers, [r["l2"] for r in mine], marker="o", label=label)
-        right.plot(layers, [r["cosine"] for r in mine], marker="o", label=label)
-    left.set_ylabel("L2 distance (input, output)")
-    right.set_ylabel("cosine similarity (input, output)")
-    for ax in (left, right):
-        ax.set_xlabel("layer")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
-
-
-# ============================================================================================================
-# experiment specs
-
-
-@dataclass
-class PreprocessSpec:
-    """How the shards of every cell are built (services.preprocess.PreprocessConfig fields)."""
-
-    inputs: list[str]
-    tokenizer: str
-    cache: str = ".cache/albert/experiments"
-    objective: str = "sop"
-    short_seq_prob: float = 0.1
-    seed: int = 12345
-    heldout_fraction: float = 0.02
-    shard_mb: float = 1.0
-    split: str = "file"
-    fmt: str = "auto"
-    text_field: str = "text"
-
-
-@dataclass
-class ProbeSpec:
-    examples: int = 512  # pairs per half (train / test) at most
-    tasks: list[str] = field(default_factory=lambda: ["sop", "nsp"])
-    l2: float = 1e-3
-
-
-@dataclass(frozen=True)
-class Cell:
-    name: str
-    values: dict[str, Any]  # dotted field -> value
-
-
-@dataclass
-class ExperimentSpec:
-    name: str
-    recipe: str
-    output_dir: str = "runs/experiments"
-    description: str = ""
-    set: dict[str, Any] = field(default_factory=dict)
-    grid: dict[str, list[Any]] = field(default_factory=dict)
-    cells: list[dict[str, Any]] = field(default_factory=list)
-    preprocess: PreprocessSpec | None = None
-    probe: ProbeSpec = field(default_factory=ProbeSpec)
-    source: str = "experiment"
-
-    @property
-    def directory(self) -> Path:
-        return Path(self.output_dir) / self.name
-
-    @classmethod
-    def load(cls, path: str | Path) -> ExperimentSpec:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such experiment spec")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path}: not valid TOML ({err})") from None
-        return cls.from_dict(data, source=str(path))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "experiment") -> ExperimentSpec:
-        known = {"experiment", "set", "grid", "cells", "preprocess", "probe"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{source}: [{unknown[0]}]: unknown table (expected {', '.join(sorted(known))})")
-        head = dict(data.get("experiment", {}))
-        for required in ("name", "recipe"):
-            if not isinstance(head.get(required), str) or not head[required]:
-                raise ConfigError(f"{source}: experiment.{required}: expected a non-empty string")
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", head["name"]):
-            raise ConfigError(f"{source}: experiment.name: use letters, digits, '.', '_' and '-', got {head['name']!r}")
-        extra = sorted(set(head) - {"name", "recipe", "output_dir", "description"})
-        if extra:
-            raise ConfigError(f"{source}: experiment.{extra[0]}: unknown field")
-        grid = data.get("grid", {})
-        for key, values in grid.items():
-            if not isinstance(values, list) or not values:
-                raise ConfigError(f"{source}: grid.{key}: expected a non-empty list of values, got {values!r}")
-        cells = data.get("cells", [])
-        if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
-            raise ConfigError(f"{source}: cells: expected an array of tables ([[cells]])")
-        preprocess = None
-        if "preprocess" in data:
-            preprocess = _dataclass_from(PreprocessSpec, data["preprocess"], f"{source}: preprocess")
-        probe = _dataclass_from(ProbeSpec, data.get("probe", {}), f"{source}: probe")
-        bad = [t for t in probe.tasks if t not in ("sop", "nsp")]
-        if bad:
-            raise ConfigError(f"{source}: probe.tasks: expected 'sop' and/or 'nsp', got {bad[0]!r}")
-        spec = cls(
-            name=head["name"],
-            recipe=head["recipe"],
-            output_dir=head.get("output_dir", "runs/experiments"),
-            description=head.get("description", ""),
-            set=dict(data.get("set", {})),
-            grid=dict(grid),
-            cells=list(cells),
-            preprocess=preprocess,
-            probe=probe,
-            source=source,
-        )
-        spec.validate()
-        return spec
-
-    def expand(self) -> list[Cell]:
-        """The grid's combinations (first axis slowest), then the explicit cells; names must be unique."""
-        combos = [dict(zip(self.grid, values, strict=True)) for values in itertools.product(*self.grid.values())]
-        if not self.grid:
-            combos = []
-        cells = [Cell(cell_name(values), values) for values in combos]
-        for explicit in self.cells:
-            values = {k: v for k, v in explicit.items() if k != "name"}
-            name = explicit.get("name", cell_name(values))
-            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._=-]+", name):
-                raise ConfigError(
-                    f"{self.source}: cells: name: use letters, digits, '.', '_', '=' and '-', got {name!r}"
-                )
-            cells.append(Cell(name, values))
-        if not cells:
-            cells = [Cell(cell_name({}), {})]  # no axes: one cell, the recipe with [set]
-        seen: dict[str, dict] = {}
-        for cell in cells:
-            if cell.name in seen:
-                raise ConfigError(f"{self.source}: two cells are both named {cell.name!r} ({seen[cell.name]})")
-            seen[cell.name] = cell.values
-        return cells
-
-    def validate(self) -> None:
-        """Build every cell's RunConfig (and preprocess options): all errors surface before any run starts."""
-        for cell in self.expand():
-            cell_config(self, cell)
-            if self.preprocess is None and any(k.startswith("preprocess.") for k in self.fields_of(cell)):
-                raise ConfigError(
-                    f"{self.source}: cell {cell.name}: preprocess.* fields need a [preprocess] table "
-                    "(inputs, tokenizer) to build the shards from"
-                )
-
-    def fields_of(self, cell: Cell) -> dict[str, Any]:
-        return {**self.set, **cell.values}
-
-
-def cell_name(values: dict[str, Any]) -> str:
-    """`objective-sop_sharing-all` from {"preprocess.objective": "sop", "model.overrides.sharing": "all"}."""
-    if not values:
-        return "base"
-    parts = []
-    for key, value in values.items():
-        short = key.rsplit(".", 1)[-1]
-        text = json.dumps(value) if not isinstance(value, str) else value
-        parts.append(f"{short}-{text}")
-    return re.sub(r"[^A-Za-z0-9._=-]+", "-", "_".join(parts)).strip("-")
-
-
-def _dataclass_from(cls, values: Any, where: str):
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: expected a table, got {values!r}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown field (expected one of {', '.join(sorted(known))})")
-    try:
-        return cls(**values)
-    except TypeError as err:
-        raise ConfigError(f"{where}: {err}") from None
-
-
-def _assign(data: dict[str, Any], dotted: str, value: Any, where: str) -> None:
-    parts = dotted.split(".")
-    if parts[0] not in RUN_SECTIONS or len(parts) < 2:
-        raise ConfigError(
-            f"{where}: {dotted!r}: expected section.field with section one of {', '.join(RUN_SECTIONS)} "
-            "(or model.overrides.FIELD, preprocess.FIELD)"
-        )
-    if (len(parts) > 2 and parts[:2] != ["model", "overrides"]) or len(parts) > 3:
-        raise ConfigError(f"{where}: {dotted!r}: only model.overrides.FIELD may go deeper than section.field")
-    if parts[:2] == ["model", "overrides"] and len(parts) == 3:
-        known = {f.name for f in dataclasses.fields(AlbertConfig)}
-        if parts[2] not in known:
-            raise ConfigError(f"{where}: {dotted!r}: {parts[2]} is not an AlbertConfig field")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{where}: {dotted!r}: {part} is not a table in the recipe")
-    node[parts[-1]] = value
-
-
-def cell_preprocess(spec: ExperimentSpec, cell: Cell, max_seq_length: int) -> dict[str, Any] | None:
-    """The preprocess options of a cell (the [preprocess] table with its preprocess.* fields), or None."""
-    if spec.preprocess is None:
-        return None
-    options = dataclasses.asdict(spec.preprocess)
-    for key, value in spec.fields_of(cell).items():
-        if key.startswith("preprocess."):
-            name = key.removeprefix("preprocess.")
-            if name not in options or name == "cache":
-                raise ConfigError(f"{spec.source}: cell {cell.name}: {key}: not a preprocess option of a cell")
-            options[name] = value
-    options["max_seq_length"] = max_seq_length
-    return options
-
-
-def shards_dir(options: dict[str, Any]) -> Path:
-    """`<cache>/<objective>-<max_seq_length>-<hash of every option>`: one directory per distinct option set."""
-    key = {k: v for k, v in options.items() if k != "cache"}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    return Path(options["cache"]) / f"{options['objective']}-{options['max_seq_length']}-{digest}"
-
-
-def cell_config(spec: ExperimentSpec, cell: Cell) -> RunConfig:
-    """The cell's RunConfig: the recipe, then [set], then the cell's values; its own run name and directory.
-    `model.init_from = "cell:NAME"` becomes the path of cell NAME's final checkpoint."""
-    where = f"{spec.source}: cell {cell.name}"
-    recipe = resolve_config_path(spec.recipe)
-    data = tomllib.loads(recipe.read_text())
-    for dotted, value in spec.fields_of(cell).items():
-        if not dotted.startswith("preprocess."):
-            _assign(data, dotted, value, where)
-    data.setdefault("run", {}).update(name=f"{spec.name}-{cell.name}", output_dir=str(spec.directory / RUNS_DIR))
-    if spec.preprocess is not None:
-        seq = data.get("data", {}).get("max_seq_length", RunConfig().data.max_seq_length)
-        data.setdefault("data", {})["shards"] = str(shards_dir(cell_preprocess(spec, cell, seq)))
-    source = init_source(spec, cell)
-    if source is not None:
-        data["model"]["init_from"] = str(final_checkpoint(cell_config(spec, source)))
-    return RunConfig.from_dict(data, source=where)
-
-
-def init_source(spec: ExperimentSpec, cell: Cell) -> Cell | None:
-    """The earlier cell whose final checkpoint `model.init_from = "cell:NAME"` names, or None."""
-    value = spec.fields_of(cell).get("model.init_from")
-    if not isinstance(value, str) or not value.startswith("cell:"):
-        return None
-    name = value.removeprefix("cell:")
-    cells = spec.expand()
-    earlier = cells[: [c.name for c in cells].index(cell.name)]
-    source = next((c for c in earlier if c.name == name), None)
-    if source is None:
-        names = ", ".join(c.name for c in earlier) or "none"
-        raise ConfigError(
-            f"{spec.source}: cell {cell.name}: model.init_from: {value!r} names no earlier cell of the spec "
-            f"(earlier cells: {names})"
-        )
-    return source
-
-
-def final_checkpoint(config: RunConfig) -> Path:
-    """`<run_dir>/checkpoints/step_<total_steps>`: where a finished run's last checkpoint is (services.train_state)."""
-    from services.train.state import checkpoint_dir
-
-    return checkpoint_dir(config.run_dir / "checkpoints", config.optim.total_steps)
+# markers of finished cells
 
 
 # The RunConfig fields markers of version 1 were fingerprinted with. Fields added since count only when they differ
@@ -828,7 +339,7 @@ def write_tables(spec: ExperimentSpec) -> tuple[Path, Path]:
     columns, rows = table_rows(spec, collect_results(spec))
     csv_path = spec.directory / RESULTS_CSV
     md_path = spec.directory / RESULTS_MD
-    atomic_write_bytes(csv_path, _csv_bytes(rows, columns))
+    atomic_write_csv(csv_path, rows, columns)
     atomic_write_bytes(md_path, markdown_table(spec, columns, rows).encode())
     return csv_path, md_path
 
@@ -862,39 +373,11 @@ def markdown_table(spec: ExperimentSpec, columns: list[str], rows: list[dict[str
     return "\n".join(lines)
 
 
-def _csv_bytes(rows: list[dict[str, Any]], columns: list[str]) -> bytes:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({c: row.get(c, "") for c in columns})
-    return buffer.getvalue().encode()
-
-
 # ============================================================================================================
-# CLI
+# CLI handlers (services.cli builds the parsers)
 
 
-def cmd_analyze_layers(args: argparse.Namespace) -> int:
-    out = analyze_layers(
-        args.checkpoints,
-        args.heldout,
-        args.out,
-        labels=args.label or None,
-        tokenizer=args.tokenizer,
-        max_seq_length=args.max_seq_length,
-        max_examples=args.max_examples,
-        batch_size=args.batch_size,
-        seed=args.seed,
-    )
-    print(f"{'checkpoint':<32}{'layer':>6}{'L2':>10}{'cosine':>9}")
-    for row in out["rows"]:
-        print(f"{row['label']:<32}{row['layer']:>6}{row['l2']:>10.4f}{row['cosine']:>9.4f}")
-    print(f"wrote {out['csv']} and {out['png']}")
-    return 0
-
-
-def cmd_experiment_run(args: argparse.Namespace) -> int:
+def cmd_experiment_run(args: Namespace) -> int:
     spec = ExperimentSpec.load(args.spec)
     if args.dry_run:
         return _print_plan(spec)
@@ -905,7 +388,7 @@ def cmd_experiment_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_experiment_table(args: argparse.Namespace) -> int:
+def cmd_experiment_table(args: Namespace) -> int:
     spec = ExperimentSpec.load(args.spec)
     _, md = write_tables(spec)
     print(md.read_text())
@@ -926,37 +409,13 @@ def _print_plan(spec: ExperimentSpec) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add `albert analyze layers` and `albert experiment run|table` to the CLI's subcommands."""
-    analyze = commands.add_parser("analyze", help="representation analysis").add_subparsers(
-        dest="action", required=True
-    )
-    layers = analyze.add_parser("layers", help="Figure 1: L2 / cosine between each layer's input and output")
-    layers.add_argument("checkpoints", nargs="+", metavar="CKPT", help="model directories (ours or transformers')")
-    layers.add_argument(
-        "--heldout", required=True, help="<shards>/heldout/documents.parquet, or a text file (blank-line paragraphs)"
-    )
-    layers.add_argument("--out", required=True, help="directory for layers.csv and layers.png")
-    layers.add_argument("--label", action="append", default=[], help="a name per checkpoint, in order")
-    layers.add_argument(
-        "--tokenizer", help="spiece.model of a .parquet input, or for checkpoints without their own tokenizer files"
-    )
-    layers.add_argument("--max-seq-length", type=int, default=128)
-    layers.add_argument("--max-examples", type=int, default=256)
-    layers.add_argument("--batch-size", type=int, default=16)
-    layers.add_argument("--seed", type=int, default=12345)
-    layers.set_defaults(func=cmd_analyze_layers)
+def register(commands: _SubParsersAction) -> None:
+    """Add `albert analyze layers` and `albert experiment run|table` to `commands` as `albert` has them.
 
-    experiment = commands.add_parser("experiment", help="ablation grids of pretraining runs").add_subparsers(
-        dest="action", required=True
-    )
-    run = experiment.add_parser("run", help="run every unfinished cell of an experiment spec, then its table")
-    run.add_argument("spec", help="configs/experiments/NAME.toml")
-    run.add_argument("--address", help="Ray cluster address for the training workers; default: embedded local Ray")
-    run.add_argument("--only", action="append", default=[], metavar="CELL", help="run only this cell (repeatable)")
-    run.add_argument("--dry-run", action="store_true", help="list the cells, parameter counts and status; run nothing")
-    run.add_argument("--no-progress", action="store_true")
-    run.set_defaults(func=cmd_experiment_run)
-    table = experiment.add_parser("table", help="rewrite results.csv / results.md from the finished cells")
-    table.add_argument("spec")
-    table.set_defaults(func=cmd_experiment_table)
+    The parsers are built in services.cli; this stays for callers that build a parser of their own (the tests),
+    which find the handlers here: cmd_analyze_layers (services.analyze) and cmd_experiment_run / _table.
+    """
+    from services import cli
+
+    cli.add_analyze_commands(commands)
+    cli.add_experiment_commands(commands)

@@ -1,8 +1,8 @@
 """Fine-tuning jobs on Ray: one Ray task per seed, the median over seeds, ensembles, and `albert finetune`.
 
-All the math lives in `albert_core.finetuning`; this module only fans seeds out as Ray tasks (each on its own
-CPUs, torch limited to that many threads, run in parallel as far as the cluster's resources allow), collects the
-results, and writes the summary:
+All the math lives in `albert_core.finetuning` (its config in `albert_core.finetune_config`); this module only fans
+seeds out as Ray tasks (each on its own CPUs, torch limited to that many threads, run in parallel as far as the
+cluster's resources allow), collects the results, and writes the summary:
 
     <output>/seed_<s>/    metrics.jsonl, result.json, predictions, outputs_<split>.npz   (one run)
     <output>/ensemble/    the ensemble's prediction files                                (with ensemble=True)
@@ -15,7 +15,6 @@ results, and writes the summary:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -25,10 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from albert_core.finetuning import FinetuneConfig
+    from argparse import Namespace  # the parsed `albert finetune` options (services.cli builds the parser)
 
-# torch and ray are imported where they are used: `albert --help` builds this module's parser and stays instant.
-# The same names as albert_core.finetuning.TASKS (a test keeps them equal).
+    from albert_core.finetune_config import FinetuneConfig
+
+# torch and ray are imported where they are used: `albert --help` imports this module and stays instant.
+# The same names as albert_core.finetune_config.TASKS (a test keeps them equal).
 TASKS = (
     *("cola", "stsb", "sst2", "mnli", "qnli", "qqp", "rte", "mrpc", "wnli"),
     *("mnli-m", "mnli-mm", "squad1", "squad2", "race", "polarity"),
@@ -40,7 +41,7 @@ _RUN_FIELDS = frozenset({"task", "data_dir", "checkpoint", "seed", "overrides", 
 
 def default_seeds(task: str) -> int:
     """5 runs for GLUE tasks (the paper's median), 1 for the others."""
-    from albert_core.finetuning import GLUE_FINETUNE_TASKS, canonical_task
+    from albert_core.finetune_config import GLUE_FINETUNE_TASKS, canonical_task
 
     task = canonical_task(task)
     return GLUE_SEEDS if task in GLUE_FINETUNE_TASKS or task.startswith("mnli") else 1
@@ -69,7 +70,7 @@ def seed_configs(
     """One FinetuneConfig per seed. `overrides` mixes TaskHyperparams fields (lr, batch_size, ...) and
     FinetuneConfig fields (max_steps, eval_every, patience, tokenizer, model, device, ...)."""
     from albert_core.config import AlbertConfig
-    from albert_core.finetuning import FinetuneConfig, TaskHyperparams
+    from albert_core.finetune_config import FinetuneConfig, TaskHyperparams
 
     hyper_fields = {f.name for f in dataclasses.fields(TaskHyperparams)}
     config_fields = {f.name for f in dataclasses.fields(FinetuneConfig)} - _RUN_FIELDS
@@ -195,7 +196,8 @@ def run_downstream(
     "test" (per-seed test metrics where labels are public), "results" (each run's result), "seconds" and, with
     ensemble=True (needs output_dir), "ensemble": the seeds' averaged outputs scored like one run.
     """
-    from albert_core.finetuning import canonical_task, score_ensemble
+    from albert_core.finetune_config import canonical_task
+    from albert_core.finetuning import score_ensemble
 
     task = canonical_task(task)
     if ensemble and output_dir is None:
@@ -236,12 +238,13 @@ def downstream_evaluator(
     return evaluate
 
 
-# --- CLI ------------------------------------------------------------------------------------------------------
+# --- CLI handler (services.cli builds the parser) ------------------------------------------------------------
 
 
-def cmd_finetune(args: argparse.Namespace) -> int:
+def cmd_finetune(args: Namespace) -> int:
     from albert_core.config import AlbertConfig
-    from albert_core.finetuning import canonical_task, finetune
+    from albert_core.finetune_config import canonical_task
+    from albert_core.finetuning import finetune
 
     task = canonical_task(args.task)
     flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")
@@ -290,38 +293,3 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     print((output / "summary.md").read_text())
     print(f"wrote {output / 'summary.json'}")
     return 0
-
-
-def register(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `albert finetune` to the CLI's subcommands."""
-    parser = commands.add_parser(
-        "finetune",
-        help="fine-tune a checkpoint on GLUE / SQuAD / RACE / polarity (several seeds on Ray)",
-        description="Fine-tune with the paper's recipe for the task; several seeds run as parallel Ray tasks and "
-        "the dev metrics are summarized by their median.",
-    )
-    parser.add_argument("--task", required=True, help=", ".join(TASKS))
-    parser.add_argument("--data", required=True, help="the task's data folder (official layout)")
-    parser.add_argument("--checkpoint", help="pretrained model directory (ours or transformers')")
-    parser.add_argument("--preset", help="instead of --checkpoint: a randomly initialized preset (baseline)")
-    parser.add_argument("--tokenizer", help="spiece.model (default: found in or above the checkpoint directory)")
-    parser.add_argument("--seeds", type=int, help="number of runs (default: 5 for GLUE, else 1)")
-    parser.add_argument("--seed", type=int, default=BASE_SEED, help="first seed; runs use seed, seed+1, ...")
-    parser.add_argument("--max-steps", type=int, help="shorter run: train steps (warmup scaled alike)")
-    parser.add_argument("--lr", type=float)
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--max-seq-length", type=int)
-    parser.add_argument("--optimizer", choices=["adamw", "lamb"])
-    parser.add_argument("--eval-every", type=int, help="steps between dev evaluations (0: only at the end)")
-    parser.add_argument("--patience", type=int, help="early stopping: evaluations without improvement")
-    parser.add_argument("--micro-batch-size", type=int, help="gradient accumulation in micro batches of this size")
-    parser.add_argument("--device", help="auto | cpu | cuda")
-    parser.add_argument("--precision", choices=["fp32", "bf16"])
-    parser.add_argument("--ensemble", action="store_true", help="also score the average of the runs' outputs")
-    parser.add_argument("--save-model", action="store_true", help="keep each run's best model")
-    parser.add_argument("--output", help="output folder (default runs/finetune/<task>)")
-    parser.add_argument("--cpus-per-run", type=float, default=1)
-    parser.add_argument("--gpus-per-run", type=float, default=0)
-    parser.add_argument("--address", help="Ray cluster address (default: a local Ray started here)")
-    parser.set_defaults(func=cmd_finetune)
-    return parser

@@ -24,7 +24,6 @@ examples), held out, or skipped (a reader Skip by its reason, or a pair skip: `n
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -34,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import numpy as np
@@ -51,11 +50,14 @@ from albert_core.corpus import (
     Skip,
     list_inputs,
     read_documents,
-    split_sentences,
 )
 from albert_core.pairs import OBJECTIVES, PairConfig, create_pairs
+from albert_core.sentences import split_sentences
 from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, HELDOUT_SCHEMA, MANIFEST_FILE, TRAIN_DIR, example_id
 from albert_core.tokenization import Tokenizer
+
+if TYPE_CHECKING:
+    from argparse import Namespace
 
 PROGRESS_DIR = ".progress"  # plan.json, done markers, partial files
 PLAN_FILE = "plan.json"
@@ -700,10 +702,11 @@ def _manifest(config, tokenizer: Tokenizer, units: list[Unit], summaries: list[d
 
 
 # ----------------------------------------------------------------------------------------------------------
-# CLI
+# CLI handler
 
 
-def cmd_preprocess(args: argparse.Namespace) -> int:
+def cmd_preprocess(args: Namespace) -> int:
+    """`albert preprocess` (services.cli builds the parser)."""
     import ray
 
     config = PreprocessConfig(
@@ -733,24 +736,3 @@ def cmd_preprocess(args: argparse.Namespace) -> int:
     print(f"time: {t['total_s']:.1f}s ({speed}; {t['shards_resumed']} shards resumed)")
     print(f"wrote {Path(config.output) / MANIFEST_FILE}")
     return 0
-
-
-def register(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `albert preprocess` to the CLI's subcommands."""
-    p = commands.add_parser("preprocess", help="corpora -> Parquet shards of SOP/NSP pair examples + manifest")
-    p.add_argument("--input", nargs="+", required=True, help="files, directories, globs or fsspec URLs")
-    p.add_argument("--tokenizer", required=True, help="spiece.model (or its directory)")
-    p.add_argument("--output", required=True, help="output directory (rerun into it to resume)")
-    p.add_argument("--objective", choices=OBJECTIVES, default="sop")
-    p.add_argument("--max-seq-length", type=int, default=512)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--on-error", choices=ON_ERROR, default="skip")
-    p.add_argument("--heldout-fraction", type=float, default=0.01)
-    p.add_argument("--shard-mb", type=float, default=16.0, help="input megabytes grouped into one shard")
-    p.add_argument("--format", choices=FORMATS, default="auto")
-    p.add_argument("--text-field", default="text", help="JSONL / Parquet field holding the text")
-    p.add_argument("--split", choices=SPLITS, default="file", help="plain text: a document per file or paragraph")
-    p.add_argument("--num-cpus", type=int, default=None, help="workers (default: all CPUs)")
-    p.set_defaults(func=cmd_preprocess)
-    return p

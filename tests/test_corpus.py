@@ -19,9 +19,9 @@ from albert_core.corpus import (
     Skip,
     list_inputs,
     read_documents,
-    split_sentences,
-    strip_wikitext,
 )
+from albert_core.sentences import split_sentences
+from albert_core.wikitext import strip_wikitext
 
 
 def docs(records):

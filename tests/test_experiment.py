@@ -15,17 +15,12 @@ import torch
 from albert_core.config import AlbertConfig, ConfigError, count_parameters
 from albert_core.files import atomic_write_bytes
 from albert_core.tokenization import MODEL_FILE, TokenizerTrainConfig, train_tokenizer
+from services.analyze import analyze_layers
 from services.experiment import (
     RESULTS_CSV,
     RESULTS_MD,
-    Cell,
-    ExperimentSpec,
-    analyze_layers,
-    cell_config,
     cell_fingerprint,
-    cell_name,
     coordinator_evaluation,
-    final_checkpoint,
     fingerprint_fields,
     finished_result,
     marker_path,
@@ -33,6 +28,7 @@ from services.experiment import (
     run_experiment,
     write_tables,
 )
+from services.experiment_spec import Cell, ExperimentSpec, cell_config, cell_name, final_checkpoint
 from services.report import read_metrics
 from services.run_config import RunConfig
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from albert_core.finetuning import FinetuneConfig
-from services.finetune import default_seeds, downstream_evaluator, register, run_downstream, seed_configs, seed_list
+from albert_core.finetune_config import FinetuneConfig
+from services.cli import add_finetune_command as register
+from services.finetune import default_seeds, downstream_evaluator, run_downstream, seed_configs, seed_list
 from tests.test_finetuning import keyword_rows, tiny, write_sst2
 
 QUICK = {"lr": 1e-3, "batch_size": 16, "train_steps": 4, "warmup_steps": 1, "max_seq_length": 32}
@@ -61,7 +62,7 @@ def overrides_for(tok_dir: Path, **extra) -> dict:
 
 
 def test_task_names_are_those_of_albert_core():
-    from albert_core.finetuning import TASKS as CORE_TASKS
+    from albert_core.finetune_config import TASKS as CORE_TASKS
     from services.finetune import TASKS
 
     assert TASKS == CORE_TASKS
@@ -69,7 +70,7 @@ def test_task_names_are_those_of_albert_core():
 
 def test_building_the_cli_parser_imports_neither_torch_nor_ray():
     code = (
-        "import argparse, sys; from services.finetune import register; "
+        "import argparse, sys; from services.cli import add_finetune_command as register; "
         "register(argparse.ArgumentParser().add_subparsers()); print('torch' in sys.modules, 'ray' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

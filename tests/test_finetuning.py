@@ -14,24 +14,18 @@ import torch
 
 from albert_core.checkpoint import save_model, state_dict_of
 from albert_core.config import AlbertConfig
-from albert_core.downstream.glue import read_polarity
+from albert_core.downstream.glue import encode_pair, polarity_split, read_polarity, truncate_pair
+from albert_core.downstream.outputs import TaskOutputs, ensemble
+from albert_core.finetune_config import PAPER_HYPERPARAMS, FinetuneConfig, canonical_task
 from albert_core.finetuning import (
-    PAPER_HYPERPARAMS,
-    FinetuneConfig,
-    TaskOutputs,
     build_model,
-    canonical_task,
-    encode_pair,
-    ensemble,
     eval_steps,
     finetune,
     load_task_data,
     markdown_table,
     median_of_seeds,
-    polarity_split,
     score_ensemble,
     score_outputs,
-    truncate_pair,
 )
 from albert_core.model import AlbertForPreTraining
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer

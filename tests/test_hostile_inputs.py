@@ -30,11 +30,13 @@ from hypothesis import strategies as st
 
 from albert_core.batch import mlm_batch
 from albert_core.config import AlbertConfig, ConfigError
-from albert_core.corpus import CorpusError, Document, Skip, read_documents, split_sentences, strip_wikitext
+from albert_core.corpus import CorpusError, Document, Skip, read_documents
 from albert_core.masking import IGNORE_INDEX
 from albert_core.model import AlbertForPreTraining
 from albert_core.pairs import IGNORE_LABEL, OBJECTIVES, PairConfig, create_pairs
+from albert_core.sentences import split_sentences
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.wikitext import strip_wikitext
 from services.run_config import RunConfig
 from services.train import optimizer_for
 

@@ -16,18 +16,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from albert_core.corpus import CorpusError, Document, read_documents, split_sentences
+from albert_core.corpus import CorpusError, Document, read_documents
 from albert_core.evaluation import read_heldout
 from albert_core.pairs import IGNORE_LABEL
+from albert_core.sentences import split_sentences
 from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from services.cli import add_preprocess_command as register
 from services.preprocess import (
     PROGRESS_DIR,
     PreprocessConfig,
     heldout_hash,
     list_input_files,
     preprocess_sentences,
-    register,
     run_preprocess,
     stream_examples,
 )

@@ -1,4 +1,5 @@
-"""Downstream task data: readers for the official GLUE, SQuAD and RACE distributions and their input features."""
+"""Downstream tasks: readers for the official GLUE, SQuAD and RACE distributions, their input features, and each
+family's fine-tuning adapter (GlueData, SquadData, RaceData; docs/finetuning.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""GLUE: the task table, readers for the official distribution folders, and the submission writer.
+"""GLUE: the task table, readers for the official distribution folders, the submission writer, and GlueData (the
+fine-tuning loop's adapter for the GLUE tasks and for polarity, Pang & Lee sentences in SST-2's form).
 
 Files are read as the official GLUE download lays them out (download_glue_data.py): tab-separated, UTF-8, no
 quoting (a `"` is an ordinary character), one record per "\\n"-terminated line. Text and label columns are found by
@@ -11,13 +12,24 @@ STS-B is a regression task with float labels.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from albert_core.config import AlbertConfig
 from albert_core.downstream import DataFormatError
-from albert_core.metrics import GLUE_TASK_METRICS, canonical_glue_task
+from albert_core.downstream.batching import by_length, text_batch, to_device
+from albert_core.downstream.outputs import TaskOutputs
+from albert_core.finetune_config import TaskHyperparams
+from albert_core.metrics import GLUE_TASK_METRICS, canonical_glue_task, glue_metrics
+from albert_core.model import AlbertForSequenceClassification
+from albert_core.tokenization import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -196,6 +208,9 @@ def read_glue(task: str, data_dir: str | Path, split: str) -> list[GlueExample]:
 
 
 POLARITY_LABELS = ("neg", "pos")  # ids 0/1, as SST-2's
+POLARITY_FILE = "pang_lee_polarity.cor"
+POLARITY_HELDOUT = 50  # sentences (25 per label) held out, the same ones for every run
+_POLARITY_SPLIT_SEED = 20_191_026
 
 
 def read_polarity(path: str | Path, encoding: str | None = None) -> list[GlueExample]:
@@ -231,6 +246,26 @@ def read_polarity(path: str | Path, encoding: str | None = None) -> list[GlueExa
     return examples
 
 
+def polarity_split(examples: Sequence[GlueExample], heldout: int = POLARITY_HELDOUT) -> tuple[list, list]:
+    """(train, held-out): heldout/2 sentences of each label, drawn with a fixed seed, the rest for training."""
+    rng = np.random.default_rng(_POLARITY_SPLIT_SEED)
+    held: set[int] = set()
+    for label in (0, 1):
+        members = [i for i, e in enumerate(examples) if e.label == label]
+        if len(members) <= heldout // 2:
+            raise ValueError(f"polarity: {len(members)} sentences of label {label}, need more than {heldout // 2}")
+        held.update(int(i) for i in rng.choice(members, size=heldout // 2, replace=False))
+    train = [e for i, e in enumerate(examples) if i not in held]
+    return train, [e for i, e in enumerate(examples) if i in held]
+
+
+def _polarity_file(data_dir: Path) -> Path:
+    path = data_dir / POLARITY_FILE if data_dir.is_dir() else data_dir
+    if not path.is_file():
+        raise FileNotFoundError(f"polarity: {path} not found (data_dir is {POLARITY_FILE} or the folder holding it)")
+    return path
+
+
 def write_glue_predictions(
     task: str, predictions: Sequence[int | float], path: str | Path, *, indices: Sequence[str | int] | None = None
 ) -> Path:
@@ -258,3 +293,131 @@ def write_glue_predictions(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+# --- fine-tuning: sentence-pair inputs and the task adapter --------------------------------------------------
+
+
+def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
+    """Cut the longer side (b on ties) by one token from its end until len(a) + len(b) <= max_tokens."""
+    la, lb = len(a), len(b)
+    while la + lb > max_tokens:
+        if la > lb:
+            la -= 1
+        else:
+            lb -= 1
+    return a[:la], b[:lb]
+
+
+def encode_pair(
+    tokenizer: Tokenizer, text_a: str, text_b: str | None, max_seq_length: int
+) -> tuple[list[int], list[int]]:
+    """([CLS] A [SEP] (B [SEP]), token types 0 for [CLS] A [SEP] and 1 for B [SEP]), at most max_seq_length long."""
+    a = tokenizer.encode(text_a)
+    if text_b is None:
+        a = a[: max_seq_length - 2]
+        ids = [tokenizer.cls_id, *a, tokenizer.sep_id]
+        return ids, [0] * len(ids)
+    a, b = truncate_pair(a, tokenizer.encode(text_b), max_seq_length - 3)
+    ids = [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id]
+    return ids, [0] * (len(a) + 2) + [1] * (len(b) + 1)
+
+
+class GlueData:
+    """GLUE tasks and polarity: sentence(-pair) inputs, one label (id or score) per example."""
+
+    def __init__(self, task: str, data_dir: str | Path, tokenizer: Tokenizer, h: TaskHyperparams):
+        self.task = task
+        self.data_dir = Path(data_dir)
+        self.tokenizer = tokenizer
+        self.max_seq_length = h.max_seq_length
+        self.spec = glue_task("sst2" if task == "polarity" else task)
+        self.metric = self.spec.metric
+        self._examples: dict[str, list[GlueExample]] = {}
+        self._encoded: dict[str, list[tuple[list[int], list[int]]]] = {}
+        if task == "polarity":
+            train, dev = polarity_split(read_polarity(_polarity_file(self.data_dir)))
+            self._examples = {"train": train, "dev": dev}
+            self.dev_splits = ["dev"]
+            self.test_splits: list[str] = []
+        else:
+            self.dev_splits = [s for s in self.spec.splits if s.startswith("dev")]
+            self.test_splits = [s for s in self.spec.splits if s.startswith("test")]
+
+    @functools.cached_property
+    def train_rows(self) -> list[tuple[list[int], list[int]]]:
+        return self._rows("train")
+
+    @functools.cached_property
+    def train_labels(self) -> list[int | float]:
+        return [e.label for e in self.examples("train")]
+
+    def row_ids(self, split: str) -> list[str]:
+        return [e.guid for e in self.examples(split)]
+
+    def examples(self, split: str) -> list[GlueExample]:
+        if split not in self._examples:
+            self._examples[split] = read_glue(self.task, self.data_dir, split)
+        return self._examples[split]
+
+    def _rows(self, split: str) -> list[tuple[list[int], list[int]]]:
+        """Encoded once per split (dev is predicted at every evaluation)."""
+        if split not in self._encoded:
+            examples = self.examples(split)
+            self._encoded[split] = [
+                encode_pair(self.tokenizer, e.text_a, e.text_b, self.max_seq_length) for e in examples
+            ]
+        return self._encoded[split]
+
+    def model(self, config: AlbertConfig) -> nn.Module:
+        return AlbertForSequenceClassification(config, num_labels=self.spec.num_labels)
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_rows)
+
+    def train_batch(self, index: np.ndarray) -> dict[str, Tensor]:
+        batch = text_batch([self.train_rows[i] for i in index], self.tokenizer.pad_id)
+        labels = [self.train_labels[i] for i in index]
+        dtype = torch.float32 if self.spec.is_regression else torch.long
+        batch["labels"] = torch.tensor(labels, dtype=dtype)
+        return batch
+
+    def predict(self, model: nn.Module, split: str, batch_size: int, device: torch.device) -> TaskOutputs:
+        examples = self.examples(split)
+        rows = self._rows(split)
+        logits = np.zeros((len(rows), self.spec.num_labels), dtype=np.float32)
+        for index in by_length([len(ids) for ids, _ in rows], batch_size):
+            batch = to_device(text_batch([rows[i] for i in index], self.tokenizer.pad_id), device)
+            logits[index] = model(**batch).logits.float().cpu().numpy()
+        return TaskOutputs(self.task, split, [e.guid for e in examples], {"logits": logits})
+
+    def _predictions(self, outputs: TaskOutputs) -> np.ndarray:
+        logits = outputs.arrays["logits"]
+        return logits[:, 0] if self.spec.is_regression else logits.argmax(axis=1)
+
+    def score(self, outputs: TaskOutputs) -> dict[str, float]:
+        labels = [e.label for e in self.examples(outputs.split)]
+        metrics = glue_metrics(self.spec.name, self._predictions(outputs), labels)
+        prefix = "" if outputs.split == self.dev_splits[0] else f"{outputs.split}_"
+        return {prefix + k: v for k, v in metrics.items()}
+
+    def _submission_file(self, split: str) -> str:
+        return "MNLI-mm.tsv" if split == "test_mismatched" else self.spec.submission_file
+
+    def write_predictions(self, outputs: TaskOutputs, out_dir: Path) -> Path:
+        """Dev: predictions_<split>.tsv; test: the GLUE server's file (e.g. SST-2.tsv). index<TAB>prediction."""
+        name = self._submission_file(outputs.split) if outputs.split.startswith("test") else None
+        path = out_dir / (name or f"predictions_{outputs.split}.tsv")
+        return write_glue_predictions(self.spec.name, self._predictions(outputs), path, indices=outputs.ids)
+
+    def available_test_splits(self) -> list[str]:
+        present = []
+        for split in self.test_splits:
+            name = self.spec.splits[split]
+            if (self.data_dir / name).is_file() or (self.data_dir / self.spec.folder / name).is_file():
+                present.append(split)
+        return present
+
+    def test_metrics(self, outputs: TaskOutputs) -> dict[str, float]:
+        return {}  # GLUE test labels are not public

@@ -1,4 +1,5 @@
-"""RACE: reading the official release and building the four multiple-choice inputs of a question.
+"""RACE: reading the official release, building the four multiple-choice inputs of a question, and RaceData (the
+fine-tuning loop's adapter).
 
 Layout: <data_dir>/{train,dev,test}/{middle,high}/*.txt, each file one JSON object
 {"answers": ["A", ...], "options": [[4 strings], ...], "questions": [...], "article": str, "id": "high1.txt"}
@@ -13,12 +14,24 @@ max_qa_length tokens, then the article is cut to fit max_seq_length.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from albert_core.config import AlbertConfig
 from albert_core.downstream import DataFormatError
+from albert_core.downstream.batching import by_length, text_batch, to_device
+from albert_core.downstream.outputs import TaskOutputs
+from albert_core.finetune_config import FinetuneConfig, TaskHyperparams
+from albert_core.metrics import race_accuracy
+from albert_core.model import AlbertForMultipleChoice
+from albert_core.tokenization import Tokenizer
 
 RACE_LEVELS = ("middle", "high")
 RACE_SPLITS = ("train", "dev", "test")
@@ -147,3 +160,107 @@ def race_inputs(
         token_type_ids = [0] * (len(article_ids) + 2) + [1] * (len(choice_ids) + 1)
         inputs.append((input_ids, token_type_ids))
     return inputs
+
+
+# --- fine-tuning: the task adapter ----------------------------------------------------------------------------
+
+
+class RaceData:
+    """RACE: four choices per question, accuracy on middle / high / all."""
+
+    def __init__(self, task: str, data_dir: str | Path, tokenizer: Tokenizer, h: TaskHyperparams, cfg: FinetuneConfig):
+        self.task = task
+        self.data_dir = Path(data_dir)
+        self.tokenizer = tokenizer
+        self.max_seq_length = h.max_seq_length
+        self.max_qa_length = cfg.max_qa_length
+        if not 0 < cfg.max_qa_length <= h.max_seq_length - 3:
+            raise ValueError(
+                f"FinetuneConfig.max_qa_length: {cfg.max_qa_length} leaves no room for the article in "
+                f"max_seq_length {h.max_seq_length}; expected 1..{h.max_seq_length - 3}"
+            )
+        self.metric = "acc"
+        self.dev_splits = ["dev"]
+        self._examples: dict[str, list[RaceExample]] = {}
+        self._encoded: dict[str, list[list[tuple[list[int], list[int]]]]] = {}
+
+    @functools.cached_property
+    def train_rows(self) -> list[list[tuple[list[int], list[int]]]]:
+        return self._rows("train")
+
+    @functools.cached_property
+    def train_labels(self) -> list[int]:
+        return [e.label for e in self.examples("train")]
+
+    def row_ids(self, split: str) -> list[str]:
+        return [e.example_id for e in self.examples(split)]
+
+    def examples(self, split: str) -> list[RaceExample]:
+        if split not in self._examples:
+            self._examples[split] = read_race(self.data_dir, split)
+        return self._examples[split]
+
+    def _rows(self, split: str) -> list[list[tuple[list[int], list[int]]]]:
+        """Encoded once per split (dev is predicted at every evaluation)."""
+        if split in self._encoded:
+            return self._encoded[split]
+        t = self.tokenizer
+        self._encoded[split] = [
+            race_inputs(
+                e,
+                t.encode,
+                cls_id=t.cls_id,
+                sep_id=t.sep_id,
+                max_seq_length=self.max_seq_length,
+                max_qa_length=self.max_qa_length,
+            )
+            for e in self.examples(split)
+        ]
+        return self._encoded[split]
+
+    def model(self, config: AlbertConfig) -> nn.Module:
+        return AlbertForMultipleChoice(config)
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_rows)
+
+    def _batch(self, rows: Sequence[list[tuple[list[int], list[int]]]]) -> dict[str, Tensor]:
+        flat = text_batch([choice for row in rows for choice in row], self.tokenizer.pad_id)
+        return {k: v.view(len(rows), len(ANSWER_LETTERS), -1) for k, v in flat.items()}
+
+    def train_batch(self, index: np.ndarray) -> dict[str, Tensor]:
+        batch = self._batch([self.train_rows[i] for i in index])
+        batch["labels"] = torch.tensor([self.train_labels[i] for i in index])
+        return batch
+
+    def predict(self, model: nn.Module, split: str, batch_size: int, device: torch.device) -> TaskOutputs:
+        rows = self._rows(split)
+        logits = np.zeros((len(rows), len(ANSWER_LETTERS)), dtype=np.float32)
+        # batch_size counts sequences: a question is four of them
+        for index in by_length([max(len(ids) for ids, _ in row) for row in rows], max(1, batch_size // 4)):
+            batch = to_device(self._batch([rows[i] for i in index]), device)
+            logits[index] = model(**batch).logits.float().cpu().numpy()
+        return TaskOutputs(self.task, split, [e.example_id for e in self.examples(split)], {"logits": logits})
+
+    def score(self, outputs: TaskOutputs) -> dict[str, float]:
+        examples = self.examples(outputs.split)
+        by_level = race_accuracy(
+            outputs.arrays["logits"].argmax(axis=1), [e.label for e in examples], [e.level for e in examples]
+        )
+        return {"acc": by_level["all"], "acc_middle": by_level["middle"], "acc_high": by_level["high"]}
+
+    def write_predictions(self, outputs: TaskOutputs, out_dir: Path) -> Path:
+        """predictions_<split>.json: {example id: answer letter}."""
+        letters = [ANSWER_LETTERS[i] for i in outputs.arrays["logits"].argmax(axis=1).tolist()]
+        path = out_dir / f"predictions_{outputs.split}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(zip(outputs.ids, letters, strict=True)), indent=2) + "\n")
+        return path
+
+    def available_test_splits(self) -> list[str]:
+        root = self.data_dir if (self.data_dir / "test").is_dir() else self.data_dir / "RACE"
+        return ["test"] if (root / "test").is_dir() else []
+
+    def test_metrics(self, outputs: TaskOutputs) -> dict[str, float]:
+        return self.score(outputs)  # RACE's test answers are public

@@ -1,4 +1,5 @@
-"""SQuAD v1.1 / v2.0: reading the official JSON, sliding-window features, span decoding, prediction files.
+"""SQuAD v1.1 / v2.0: reading the official JSON, sliding-window features, span decoding, prediction files, and
+SquadData (the fine-tuning loop's adapter).
 
 Follows the original BERT/ALBERT run_squad pipeline:
 - the context is split into words on whitespace (" ", "\\t", "\\r", "\\n", U+202F); every character maps to the
@@ -25,6 +26,7 @@ token covers its whole word. The predicted text is always a substring of the con
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -33,8 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import Tensor, nn
 
+from albert_core.batch import padded_length
+from albert_core.config import AlbertConfig
 from albert_core.downstream import DataFormatError
+from albert_core.downstream.batching import by_length, to_device
+from albert_core.downstream.outputs import TaskOutputs
+from albert_core.finetune_config import SQUAD_TASKS, FinetuneConfig, TaskHyperparams
+from albert_core.metrics import best_null_threshold, squad_scores, squad_v2_scores
+from albert_core.model import AlbertForQuestionAnswering
+from albert_core.tokenization import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -417,3 +429,143 @@ def write_squad_predictions(predictions: Mapping[str, str] | Mapping[str, float]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(predictions), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
+
+
+# --- fine-tuning: the task adapter ----------------------------------------------------------------------------
+
+
+class SquadData:
+    """SQuAD v1.1 / v2.0 from the official file names in data_dir: train-v1.1.json + dev-v1.1.json (or -v2.0)."""
+
+    def __init__(self, task: str, data_dir: str | Path, tokenizer: Tokenizer, h: TaskHyperparams, cfg: FinetuneConfig):
+        self.task = task
+        self.version_2 = task == "squad2"
+        self.data_dir = Path(data_dir)
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.max_seq_length = h.max_seq_length
+        self.metric = "f1"
+        self.dev_splits = ["dev"]
+        self._examples: dict[str, list[SquadExample]] = {}
+        self._features: dict[str, list[SquadFeature]] = {}
+
+    @functools.cached_property
+    def train(self) -> dict[str, Tensor]:
+        features = self.features("train")
+        if not features:
+            raise ValueError(f"{self.path('train')}: no training features (every answer was off its answer_start)")
+        train = {
+            "input_ids": torch.tensor([f.input_ids for f in features]),
+            "token_type_ids": torch.tensor([f.token_type_ids for f in features]),
+            "attention_mask": torch.tensor([f.attention_mask for f in features]),
+            "start_positions": torch.tensor([f.start_position for f in features]),
+            "end_positions": torch.tensor([f.end_position for f in features]),
+        }
+        if self.version_2:  # a window that does not hold the answer is "impossible" for the answerability head
+            train["is_impossible"] = (train["start_positions"] == 0).float()
+        return train
+
+    def row_ids(self, split: str) -> list[str]:
+        return [f"{f.qid}#{f.window_index}" for f in self.features(split)]
+
+    def path(self, split: str) -> Path:
+        path = self.data_dir / f"{split}-{SQUAD_TASKS[self.task]}.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"SQuAD {SQUAD_TASKS[self.task]} {split}: {path} not found (official file names)")
+        return path
+
+    def examples(self, split: str) -> list[SquadExample]:
+        if split not in self._examples:
+            self._examples[split] = read_squad(self.path(split))
+        return self._examples[split]
+
+    def features(self, split: str) -> list[SquadFeature]:
+        if split not in self._features:
+            self._features[split] = make_features(
+                self.examples(split),
+                self.tokenizer.encode,
+                cls_id=self.tokenizer.cls_id,
+                sep_id=self.tokenizer.sep_id,
+                pad_id=self.tokenizer.pad_id,
+                id_to_piece=self.tokenizer.id_to_piece,
+                max_seq_length=self.max_seq_length,
+                doc_stride=self.cfg.doc_stride,
+                max_query_length=self.cfg.max_query_length,
+                is_training=split == "train",
+            )
+        return self._features[split]
+
+    def model(self, config: AlbertConfig) -> nn.Module:
+        return AlbertForQuestionAnswering(config)
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train["input_ids"])
+
+    def train_batch(self, index: np.ndarray) -> dict[str, Tensor]:
+        index_t = torch.as_tensor(index)
+        width = padded_length(int(self.train["attention_mask"][index_t].sum(1).max()))
+        return {k: v[index_t, :width] if v.dim() == 2 else v[index_t] for k, v in self.train.items()}
+
+    def predict(self, model: nn.Module, split: str, batch_size: int, device: torch.device) -> TaskOutputs:
+        features = self.features(split)
+        n, T = len(features), self.max_seq_length
+        start = np.full((n, T), -1e4, dtype=np.float32)
+        end = np.full((n, T), -1e4, dtype=np.float32)
+        answerable = np.zeros(n, dtype=np.float32)
+        lengths = [sum(f.attention_mask) for f in features]
+        for index in by_length(lengths, batch_size):
+            width = padded_length(max(lengths[i] for i in index))
+            batch = {
+                "input_ids": torch.tensor([features[i].input_ids[:width] for i in index]),
+                "token_type_ids": torch.tensor([features[i].token_type_ids[:width] for i in index]),
+                "attention_mask": torch.tensor([features[i].attention_mask[:width] for i in index]),
+            }
+            out = model(**to_device(batch, device))
+            start[index, :width] = out.start_logits.float().cpu().numpy()
+            end[index, :width] = out.end_logits.float().cpu().numpy()
+            answerable[index] = out.answerable_logits.float().cpu().numpy()
+        arrays = {"start_logits": start, "end_logits": end, "answerable_logits": answerable}
+        return TaskOutputs(self.task, split, self.row_ids(split), arrays)
+
+    def decode(self, outputs: TaskOutputs) -> tuple[dict[str, str], dict[str, float], dict[str, float]]:
+        """(qid -> answer, qid -> null odds (v2.0; {} for v1.1), metrics)."""
+        examples, features = self.examples(outputs.split), self.features(outputs.split)
+        a = outputs.arrays
+        options = dict(n_best=self.cfg.n_best, max_answer_length=self.cfg.max_answer_length)
+        golds = [e.answers for e in examples]
+        if not self.version_2:
+            answers, _ = decode_predictions(
+                examples, features, a["start_logits"], a["end_logits"], version_2=False, **options
+            )
+            return answers, {}, squad_scores(golds, [answers[e.qid] for e in examples])
+        spans, span_odds = decode_predictions(
+            examples, features, a["start_logits"], a["end_logits"], version_2=True, null_threshold=math.inf, **options
+        )
+        most_answerable: dict[str, float] = {}
+        for feature, logit in zip(features, a["answerable_logits"].tolist(), strict=True):
+            most_answerable[feature.qid] = max(most_answerable.get(feature.qid, -math.inf), logit)
+        odds = {e.qid: span_odds[e.qid] - most_answerable[e.qid] for e in examples}
+        texts = [spans[e.qid] for e in examples]
+        threshold = best_null_threshold(golds, texts, [odds[e.qid] for e in examples])["best_f1_thresh"]
+        answers = {e.qid: "" if odds[e.qid] > threshold else spans[e.qid] for e in examples}
+        metrics = squad_v2_scores(golds, [answers[e.qid] for e in examples])
+        metrics["null_threshold"] = threshold
+        return answers, odds, metrics
+
+    def score(self, outputs: TaskOutputs) -> dict[str, float]:
+        return self.decode(outputs)[2]
+
+    def write_predictions(self, outputs: TaskOutputs, out_dir: Path) -> Path:
+        """predictions_<split>.json ({qid: answer}, the official format); v2.0 also null_odds_<split>.json."""
+        answers, odds, _ = self.decode(outputs)
+        if self.version_2:
+            finite = {q: float(np.clip(v, -1e9, 1e9)) for q, v in odds.items()}
+            write_squad_predictions(finite, out_dir / f"null_odds_{outputs.split}.json")
+        return write_squad_predictions(answers, out_dir / f"predictions_{outputs.split}.json")
+
+    def available_test_splits(self) -> list[str]:
+        return []  # SQuAD's test set is not public: the dev predictions file is the submission format
+
+    def test_metrics(self, outputs: TaskOutputs) -> dict[str, float]:
+        return {}
