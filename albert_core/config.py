@@ -44,6 +44,10 @@ class AlbertConfig:
     # then one LayerNorm after the last layer). Pre-LN is a departure from the paper, for small-scale recipes: it
     # trains stably at larger learning rates without a long warmup. transformers' ALBERT cannot load it.
     layer_norm_position: str = "post"
+    # How the (learned) position embeddings start: "normal" (N(0, initializer_range), as the paper) or
+    # "sinusoidal" (the Transformer's sinusoids scaled to that std): every position is told apart from the first
+    # step, which shortens early training at small scale. Only the initial values differ; checkpoints are alike.
+    position_embedding_init: str = "normal"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -112,6 +116,10 @@ class AlbertConfig:
             raise ConfigError("num_hidden_groups: must be 1 when sharing is 'none' (nothing is shared)")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act: expected one of {', '.join(ACTIVATIONS)}, got {self.hidden_act!r}")
+        if self.position_embedding_init not in ("normal", "sinusoidal"):
+            raise ConfigError(
+                f"position_embedding_init: expected normal or sinusoidal, got {self.position_embedding_init!r}"
+            )
         if self.layer_norm_position not in ("post", "pre"):
             raise ConfigError(f"layer_norm_position: expected post or pre, got {self.layer_norm_position!r}")
         if self.embedding_projection is not None and not isinstance(self.embedding_projection, bool):

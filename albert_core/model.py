@@ -7,6 +7,7 @@ each, "attention" G attention blocks and L feed-forward blocks, "ffn" the revers
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -170,6 +171,18 @@ def init_weights(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
+def sinusoidal_(weight: Tensor, std: float) -> None:
+    """Fill a (positions, dim) table with the Transformer's sinusoids, scaled to standard deviation `std`."""
+    positions, dim = weight.shape
+    position = torch.arange(positions, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(positions, dim)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency[: dim // 2])
+    with torch.no_grad():
+        weight.copy_(table * (std / table.std()))
+
+
 def set_dropout(model: nn.Module, p: float) -> None:
     """Set every dropout of a live model to p: hidden, attention and head (the paper removes dropout mid-run)."""
     for module in model.modules():
@@ -216,6 +229,8 @@ class AlbertModel(_Albert):
         self.encoder = Encoder(config)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
         self.apply(lambda module: init_weights(module, config.initializer_range))
+        if config.position_embedding_init == "sinusoidal":
+            sinusoidal_(self.embeddings.position_embeddings.weight, config.initializer_range)
 
     def forward(
         self,
@@ -264,6 +279,17 @@ class AlbertForPreTraining(_Albert):
         self.classifier_dropout = nn.Dropout(config.classifier_dropout_prob)
         self.mlm_head.apply(lambda m: init_weights(m, config.initializer_range))
         init_weights(self.pair_head, config.initializer_range)
+
+    def init_mlm_bias(self, log_frequencies: Tensor) -> None:
+        """Start the MLM decoder's bias at the pieces' log frequencies (albert_core.unigram): the model then
+        predicts the unigram distribution from its first step, and training goes to context at once instead of
+        first moving the bias there, which takes Adam-type optimizers thousands of steps at small learning rates."""
+        if log_frequencies.shape != self.mlm_head.bias.shape:
+            raise ValueError(
+                f"init_mlm_bias: {tuple(log_frequencies.shape)} values for {self.config.vocab_size} pieces"
+            )
+        with torch.no_grad():
+            self.mlm_head.bias.copy_(log_frequencies - log_frequencies.mean())
 
     def forward(
         self,

@@ -34,7 +34,8 @@ from albert_core.shards import TRAIN_DIR  # noqa: E402
 from albert_core.unigram import load_or_count  # noqa: E402
 from services.eval import IntrinsicOptions, evaluate_model  # noqa: E402
 from services.run_config import RunConfig  # noqa: E402
-from services.train import make_micro_batch, optimizer_for, resolve_token_ids, step_seed, train_step  # noqa: E402
+from services.train.plan import resolve_token_ids  # noqa: E402
+from services.train.step import initial_model, make_micro_batch, optimizer_for, step_seed, train_step  # noqa: E402
 
 COLUMNS = ("example_id", "input_ids", "token_type_ids", "word_starts", "pair_label")
 
@@ -64,30 +65,6 @@ def load_rows(shards: Path) -> dict[str, np.ndarray]:
         name: np.array(values, dtype=object) if name != "example_id" and name != "pair_label" else np.asarray(values)
         for name, values in rows.items()
     }
-
-
-def sinusoidal_(weight: torch.Tensor, scale: float) -> None:
-    """Fill a (positions, E) table with the Transformer's sinusoids, scaled to `scale` std (still learned)."""
-    positions, dim = weight.shape
-    pos = torch.arange(positions, dtype=torch.float32)[:, None]
-    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(positions, dim)
-    table[:, 0::2] = torch.sin(pos * freq)
-    table[:, 1::2] = torch.cos(pos * freq[: dim // 2])
-    with torch.no_grad():
-        weight.copy_(table * scale / table.std())
-
-
-def apply_inits(model: AlbertForPreTraining, inits: list[str], unigram) -> None:
-    for init in inits:
-        name, _, arg = init.partition("=")
-        if name == "pos_sin":
-            sinusoidal_(model.albert.embeddings.position_embeddings.weight, float(arg or 0.02))
-        elif name == "mlm_bias_unigram":
-            with torch.no_grad():
-                model.mlm_head.bias.copy_(torch.from_numpy(unigram.log_probs()).float())
-        else:
-            raise SystemExit(f"--init: unknown {name!r}")
 
 
 def batches(config: RunConfig, ids, rows, epoch: int, order: np.ndarray, start: int, count: int) -> list:
@@ -124,7 +101,6 @@ def main() -> None:
     parser.add_argument("--recipe", default="tiny")
     parser.add_argument("--set", action="append", default=[], help="section.field=value (RunConfig)")
     parser.add_argument("--model", action="append", default=[], help="AlbertConfig field=value (model.overrides)")
-    parser.add_argument("--init", action="append", default=[], help="pos_sin[=std] | mlm_bias_unigram")
     parser.add_argument("--budget", type=float, default=1200.0, help="CPU seconds of training")
     parser.add_argument("--evals", type=int, default=6, help="evaluations spread over the budget")
     parser.add_argument("--eval-examples", type=int, default=512)
@@ -141,7 +117,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     shards = Path(args.shards).resolve()
-    overrides = {k: parse_value(v) for k, v in (s.split("=", 1) for s in args.set)}
+    overrides = {"train.num_workers": 1, **{k: parse_value(v) for k, v in (s.split("=", 1) for s in args.set)}}
     model_overrides = {k: parse_value(v) for k, v in (s.split("=", 1) for s in args.model)}
     base = RunConfig.load(args.recipe, overrides={"data.shards": str(shards), **overrides})
     config = RunConfig.load(
@@ -171,10 +147,11 @@ def main() -> None:
         config.optim.warmup_steps = max(1, int(total * args.fit_schedule))
         print(f"{args.name}: {per_step:.2f} CPU-s per step -> total_steps {total}, warmup {config.optim.warmup_steps}")
 
-    torch.manual_seed(config.run.seed)
-    model_config = config.model_config(ids.vocab_size)
-    model = AlbertForPreTraining(model_config)
-    apply_inits(model, args.init, unigram)
+    model = initial_model(
+        config.model_config(ids.vocab_size),
+        config.run.seed,
+        unigram if config.model.mlm_bias_init == "unigram" else None,
+    )
     o, t = config.optim, config.train
     optimizer, scheduler = optimizer_for(model, o)
     batch = t.global_batch_size
@@ -230,7 +207,6 @@ def main() -> None:
         "recipe": args.recipe,
         "set": overrides,
         "model": model_overrides,
-        "init": args.init,
         "budget_cpu_s": args.budget,
         "threads": args.threads,
         "steps": step,

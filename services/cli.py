@@ -112,6 +112,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         overrides.update({"run.name": run_dir.name, "run.output_dir": str(run_dir.parent)})
     config = RunConfig.load(args.config, overrides)
     result = pretrain(config, address=args.address, resume=not args.fresh, progress=not args.no_progress)
+    if result.stopped:
+        print(f"albert: stopped at step {result.step}: {result.stopped}", file=sys.stderr)
+        return 3
     print(f"finished at step {result.step}; checkpoint {result.checkpoint}; metrics {result.metrics_file}")
     return 0
 

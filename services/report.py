@@ -96,11 +96,6 @@ def _status_line(record: dict[str, Any]) -> str:
 
 def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
     """report.md with loss and accuracy plots (PNG) from the metrics log; returns the markdown path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     train = _last_per_step([r for r in records if r.get("kind") == "train"])
@@ -108,42 +103,8 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
     events = [r for r in records if r.get("kind") == "event"]
     if not train:
         raise ValueError(f"{run_dir / METRICS_FILE}: no training metrics to report")
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in train]
-    for key in ("loss", "mlm_loss", "pair_loss"):
-        values = [r.get(key) for r in train]
-        if any(v is not None for v in values):
-            ax.plot(steps, values, label=key)
-    _mark_events(ax, events)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(run_dir / "loss.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key in ("mlm_acc", "pair_acc"):
-        ax.plot(steps, [r.get(key) for r in train], label=f"train {key}", alpha=0.6)
-    for key in EVAL_KEYS[:3]:
-        points = [(r["step"], r[key]) for r in evals if r.get(key) is not None]
-        if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=f"held-out {key}")
-    floor = [(r["step"], r["unigram_acc"]) for r in evals if r.get("unigram_acc") is not None]
-    if floor:  # the same masked positions predicted from piece frequencies alone
-        ax.plot(*zip(*floor, strict=True), color="black", linestyle=":", label="held-out MLM, unigram baseline")
-    _mark_events(ax, events)
-    ax.set_xlabel("step")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(run_dir / "accuracy.png", dpi=110)
-    plt.close(fig)
-
+    _plot_losses(run_dir / "loss.png", train, events)
+    _plot_accuracy(run_dir / "accuracy.png", train, evals, events)
     first, last = train[0], train[-1]
     lines = [
         f"# {title or run_dir.name}",
@@ -156,16 +117,8 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
         "",
         "![accuracy](accuracy.png)",
         "",
+        *_eval_table(evals),
     ]
-    if evals:
-        keys = [k for k in EVAL_KEYS if any(k in r for r in evals)]
-        extra = sorted({k for r in evals for k in r if k.startswith("task/")})
-        lines += ["## Held-out evaluation", "", "| step | " + " | ".join(keys + extra) + " |"]
-        lines.append("|" + "---|" * (len(keys) + len(extra) + 1))
-        for r in evals:
-            cells = [_cell(r.get(k)) for k in keys + extra]
-            lines.append(f"| {r['step']} | " + " | ".join(cells) + " |")
-        lines.append("")
     health = [e for e in events if e.get("event") in HEALTH_EVENTS]
     if health:
         lines += ["## Training health", ""]
@@ -176,6 +129,65 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt, *plt.subplots(figsize=(7, 4))
+
+
+def _save(plt, fig, ax, path: Path, ylabel: str) -> None:
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_losses(path: Path, train: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+    plt, fig, ax = _figure()
+    steps = [r["step"] for r in train]
+    for key in ("loss", "mlm_loss", "pair_loss"):
+        values = [r.get(key) for r in train]
+        if any(v is not None for v in values):
+            ax.plot(steps, values, label=key)
+    _mark_events(ax, events)
+    _save(plt, fig, ax, path, "loss")
+
+
+def _plot_accuracy(path: Path, train: list[dict[str, Any]], evals, events: list[dict[str, Any]]) -> None:
+    plt, fig, ax = _figure()
+    steps = [r["step"] for r in train]
+    for key in ("mlm_acc", "pair_acc"):
+        ax.plot(steps, [r.get(key) for r in train], label=f"train {key}", alpha=0.6)
+    for key in EVAL_KEYS[:3]:
+        points = [(r["step"], r[key]) for r in evals if r.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=f"held-out {key}")
+    floor = [(r["step"], r["unigram_acc"]) for r in evals if r.get("unigram_acc") is not None]
+    if floor:  # the same masked positions predicted from piece frequencies alone
+        ax.plot(*zip(*floor, strict=True), color="black", linestyle=":", label="held-out MLM, unigram baseline")
+    _mark_events(ax, events)
+    ax.set_ylim(0, 1)
+    _save(plt, fig, ax, path, "accuracy")
+
+
+def _eval_table(evals: list[dict[str, Any]]) -> list[str]:
+    if not evals:
+        return []
+    keys = [k for k in EVAL_KEYS if any(k in r for r in evals)]
+    extra = sorted({k for r in evals for k in r if k.startswith("task/")})
+    lines = ["## Held-out evaluation", "", "| step | " + " | ".join(keys + extra) + " |"]
+    lines.append("|" + "---|" * (len(keys) + len(extra) + 1))
+    for r in evals:
+        lines.append(f"| {r['step']} | " + " | ".join(_cell(r.get(k)) for k in keys + extra) + " |")
+    return [*lines, ""]
 
 
 def _floor_summary(evals: list[dict[str, Any]]) -> list[str]:

@@ -32,6 +32,9 @@ class ModelSection:
     # A model directory to start a new run from instead of random weights: its layers are stacked onto this
     # model's depth (progressive stacking, albert_core.stacking). Unused when the run resumes its own checkpoint.
     init_from: str = ""
+    # The MLM decoder's bias at the start of a new run: "zeros" (the paper's) or "unigram" (the shard set's piece
+    # log frequencies, albert_core.unigram): the model starts on the unigram floor instead of learning its way there.
+    mlm_bias_init: str = "zeros"
 
 
 @dataclass
@@ -93,7 +96,7 @@ class TrainSection:
     # and continues with the learning rate scaled by rollback_lr_scale (kept in checkpoints, so a resume honours
     # it), at most max_rollbacks times.
     on_divergence: str = "stop"  # stop | rollback
-    divergence_factor: float = 3.0
+    divergence_factor: float = 2.0
     rollback_lr_scale: float = 0.5
     max_rollbacks: int = 3
     # The coordinator reports a `stalled` event when no step has been reported for this long (0: never).
@@ -150,66 +153,17 @@ class RunConfig:
                 f"run.name: expected a plain directory name (the run lives in output_dir/name), got {name!r}"
             )
         self.model_config(vocab_size=self.model.overrides.get("vocab_size") or 30000)
-        t, o, d = self.train, self.optim, self.data
+        if self.model.mlm_bias_init not in ("zeros", "unigram"):
+            raise ConfigError(f"model.mlm_bias_init: expected zeros or unigram, got {self.model.mlm_bias_init!r}")
         _positive(
             self, "train", ("global_batch_size", "micro_batch_size", "num_workers", "cpus_per_worker", "log_every")
         )
         _positive(self, "train", ("checkpoint_every", "keep_last"))
         _positive(self, "optim", ("total_steps",))
         _positive(self, "data", ("max_seq_length", "max_ngram"))
-        if t.global_batch_size % (t.micro_batch_size * t.num_workers):
-            raise ConfigError(
-                f"train.global_batch_size: {t.global_batch_size} is not a multiple of micro_batch_size x num_workers "
-                f"({t.micro_batch_size} x {t.num_workers})"
-            )
-        if t.backend not in ("cpu", "cuda", "xla"):
-            raise ConfigError(f"train.backend: expected cpu, cuda or xla, got {t.backend!r}")
-        for resource, amount in t.resources_per_worker.items():
-            if resource == "CPU":
-                raise ConfigError("train.resources_per_worker: CPU is set by train.cpus_per_worker, not here")
-            if not resource or isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
-                raise ConfigError(
-                    f"train.resources_per_worker: expected a resource name and a positive amount, got {resource!r} = "
-                    f"{amount!r}"
-                )
-        if t.compile and t.backend == "xla":
-            raise ConfigError("train.compile: backend 'xla' already compiles each step into an XLA graph; set it false")
-        if t.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"train.precision: expected fp32 or bf16, got {t.precision!r}")
-        if not 0 <= t.max_seconds < math.inf:
-            raise ConfigError(f"train.max_seconds: expected seconds >= 0 (0: no budget), got {t.max_seconds}")
-        if t.on_divergence not in ("stop", "rollback"):
-            raise ConfigError(f"train.on_divergence: expected stop or rollback, got {t.on_divergence!r}")
-        if not 0 < t.rollback_lr_scale < 1:
-            raise ConfigError(f"train.rollback_lr_scale: expected a factor in (0, 1), got {t.rollback_lr_scale}")
-        for name in ("divergence_factor", "stall_seconds", "max_rollbacks"):
-            if not 0 <= getattr(t, name) < math.inf:
-                raise ConfigError(f"train.{name}: expected a number >= 0 (0: off), got {getattr(t, name)}")
-        if t.dropout_removal_step < 0:
-            raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
-        if o.name not in ("lamb", "adamw"):
-            raise ConfigError(f"optim.name: expected lamb or adamw, got {o.name!r}")
-        for positive in ("lr", "eps"):
-            if not 0 < getattr(o, positive) < math.inf:
-                raise ConfigError(f"optim.{positive}: expected a finite number > 0, got {getattr(o, positive)}")
-        for beta in ("beta1", "beta2"):
-            if not 0 <= getattr(o, beta) < 1:
-                raise ConfigError(f"optim.{beta}: expected a number in [0, 1), got {getattr(o, beta)}")
-        if not 0 <= o.weight_decay < math.inf:
-            raise ConfigError(f"optim.weight_decay: expected a finite number >= 0, got {o.weight_decay}")
-        if math.isnan(o.grad_clip):
-            raise ConfigError("optim.grad_clip: expected a number (<= 0: no clipping), got nan")
-        if not 0 <= o.warmup_steps <= o.total_steps:
-            raise ConfigError(f"optim.warmup_steps: expected 0..total_steps ({o.total_steps}), got {o.warmup_steps}")
-        if o.trust_clip is not None:
-            clip = o.trust_clip
-            numbers = isinstance(clip, list) and all(
-                isinstance(v, int | float) and not isinstance(v, bool) for v in clip
-            )
-            if not numbers or len(clip) != 2 or not 0 <= clip[0] <= clip[1]:
-                raise ConfigError(f"optim.trust_clip: expected [lo, hi] with 0 <= lo <= hi, got {clip!r}")
-            if o.name != "lamb":
-                raise ConfigError(f"optim.trust_clip: a LAMB option, but optim.name is {o.name!r}")
+        _check_train(self.train)
+        _check_optim(self.optim)
+        d = self.data
         if d.continue_from_init and not self.model.init_from:
             raise ConfigError(
                 "data.continue_from_init: needs model.init_from (the checkpoint whose data position to take)"
@@ -218,21 +172,7 @@ class RunConfig:
             raise ConfigError(f"data.mask_prob: expected in (0, 1), got {d.mask_prob}")
         if d.max_seq_length > self.model_config(30000).max_position_embeddings:
             raise ConfigError("data.max_seq_length: exceeds model max_position_embeddings")
-        if not 0 <= self.eval.plateau_margin < 1:
-            raise ConfigError(
-                f"eval.plateau_margin: expected an accuracy margin in [0, 1), got {self.eval.plateau_margin}"
-            )
-        for name in ("every_steps", "task_seeds", "task_max_steps", "plateau_evals"):
-            if getattr(self.eval, name) < 0:
-                raise ConfigError(f"eval.{name}: expected >= 0, got {getattr(self.eval, name)}")
-        if not all(isinstance(task, str) for task in self.eval.tasks):
-            raise ConfigError(f"eval.tasks: expected a list of task names, got {self.eval.tasks!r}")
-        for task, directory in self.eval.task_data.items():
-            if not isinstance(directory, str):
-                raise ConfigError(f"eval.task_data: expected a directory path for task {task!r}, got {directory!r}")
-        missing = [task for task in self.eval.tasks if task not in self.eval.task_data]
-        if missing:
-            raise ConfigError(f"eval.task_data: no data directory for task {missing[0]!r}")
+        _check_eval(self.eval)
 
     # --- serialization -----------------------------------------------------------------------------
 
@@ -272,6 +212,79 @@ class RunConfig:
             section, _, key = dotted.partition(".")
             data.setdefault(section, {})[key] = value
         return cls.from_dict(data, source=str(path))
+
+
+def _check_train(t: TrainSection) -> None:
+    if t.global_batch_size % (t.micro_batch_size * t.num_workers):
+        raise ConfigError(
+            f"train.global_batch_size: {t.global_batch_size} is not a multiple of micro_batch_size x num_workers "
+            f"({t.micro_batch_size} x {t.num_workers})"
+        )
+    if t.backend not in ("cpu", "cuda", "xla"):
+        raise ConfigError(f"train.backend: expected cpu, cuda or xla, got {t.backend!r}")
+    for resource, amount in t.resources_per_worker.items():
+        if resource == "CPU":
+            raise ConfigError("train.resources_per_worker: CPU is set by train.cpus_per_worker, not here")
+        if not resource or isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount > 0:
+            raise ConfigError(
+                f"train.resources_per_worker: expected a resource name and a positive amount, got {resource!r} = "
+                f"{amount!r}"
+            )
+    if t.compile and t.backend == "xla":
+        raise ConfigError("train.compile: backend 'xla' already compiles each step into an XLA graph; set it false")
+    if t.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"train.precision: expected fp32 or bf16, got {t.precision!r}")
+    if not 0 <= t.max_seconds < math.inf:
+        raise ConfigError(f"train.max_seconds: expected seconds >= 0 (0: no budget), got {t.max_seconds}")
+    if t.on_divergence not in ("stop", "rollback"):
+        raise ConfigError(f"train.on_divergence: expected stop or rollback, got {t.on_divergence!r}")
+    if not 0 < t.rollback_lr_scale < 1:
+        raise ConfigError(f"train.rollback_lr_scale: expected a factor in (0, 1), got {t.rollback_lr_scale}")
+    for name in ("divergence_factor", "stall_seconds", "max_rollbacks"):
+        if not 0 <= getattr(t, name) < math.inf:
+            raise ConfigError(f"train.{name}: expected a number >= 0 (0: off), got {getattr(t, name)}")
+    if t.dropout_removal_step < 0:
+        raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
+
+
+def _check_optim(o: OptimSection) -> None:
+    if o.name not in ("lamb", "adamw"):
+        raise ConfigError(f"optim.name: expected lamb or adamw, got {o.name!r}")
+    for positive in ("lr", "eps"):
+        if not 0 < getattr(o, positive) < math.inf:
+            raise ConfigError(f"optim.{positive}: expected a finite number > 0, got {getattr(o, positive)}")
+    for beta in ("beta1", "beta2"):
+        if not 0 <= getattr(o, beta) < 1:
+            raise ConfigError(f"optim.{beta}: expected a number in [0, 1), got {getattr(o, beta)}")
+    if not 0 <= o.weight_decay < math.inf:
+        raise ConfigError(f"optim.weight_decay: expected a finite number >= 0, got {o.weight_decay}")
+    if math.isnan(o.grad_clip):
+        raise ConfigError("optim.grad_clip: expected a number (<= 0: no clipping), got nan")
+    if not 0 <= o.warmup_steps <= o.total_steps:
+        raise ConfigError(f"optim.warmup_steps: expected 0..total_steps ({o.total_steps}), got {o.warmup_steps}")
+    if o.trust_clip is not None:
+        clip = o.trust_clip
+        numbers = isinstance(clip, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in clip)
+        if not numbers or len(clip) != 2 or not 0 <= clip[0] <= clip[1]:
+            raise ConfigError(f"optim.trust_clip: expected [lo, hi] with 0 <= lo <= hi, got {clip!r}")
+        if o.name != "lamb":
+            raise ConfigError(f"optim.trust_clip: a LAMB option, but optim.name is {o.name!r}")
+
+
+def _check_eval(e: EvalSection) -> None:
+    if not 0 <= e.plateau_margin < 1:
+        raise ConfigError(f"eval.plateau_margin: expected an accuracy margin in [0, 1), got {e.plateau_margin}")
+    for name in ("every_steps", "task_seeds", "task_max_steps", "plateau_evals"):
+        if getattr(e, name) < 0:
+            raise ConfigError(f"eval.{name}: expected >= 0, got {getattr(e, name)}")
+    if not all(isinstance(task, str) for task in e.tasks):
+        raise ConfigError(f"eval.tasks: expected a list of task names, got {e.tasks!r}")
+    for task, directory in e.task_data.items():
+        if not isinstance(directory, str):
+            raise ConfigError(f"eval.task_data: expected a directory path for task {task!r}, got {directory!r}")
+    missing = [task for task in e.tasks if task not in e.task_data]
+    if missing:
+        raise ConfigError(f"eval.task_data: no data directory for task {missing[0]!r}")
 
 
 _SECTION_TYPES = {

@@ -210,3 +210,11 @@ def test_real_bert_weights_match_transformers_bertmodel():
     # And the weights are real: different sentences give clearly different embeddings.
     cls = torch.nn.functional.normalize(out.last_hidden_state[:, 0], dim=-1)
     assert (cls @ cls.T).fill_diagonal_(0).max() < 0.99
+
+
+def test_a_pre_ln_model_is_not_exported_to_transformers_which_has_only_post_ln():
+    config = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=2,
+                          num_attention_heads=2, intermediate_size=32, layer_norm_position="pre")  # fmt: skip
+    state = AlbertForPreTraining(config).state_dict()
+    with pytest.raises(ValueError, match="layer_norm_position: 'pre' has no transformers equivalent"):
+        to_hf(state, config)

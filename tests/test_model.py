@@ -154,3 +154,25 @@ def test_multiple_choice_scores_each_choice():
     ids = torch.randint(5, 120, (2, 4, 10))
     out = AlbertForMultipleChoice(config)(ids, torch.ones_like(ids), torch.zeros_like(ids), labels=torch.tensor([1, 3]))
     assert out.logits.shape == (2, 4) and out.loss > 0
+
+
+def test_pre_ln_blocks_normalize_before_each_sublayer_and_once_after_the_last_layer():
+    torch.manual_seed(0)
+    model = AlbertModel(small(layer_norm_position="pre", num_hidden_layers=2)).eval()
+    ids, mask, types = batch(model.config)
+    x = model.embeddings(ids, types)
+    a, f = model.encoder.attention_blocks[0], model.encoder.ffn_blocks[0]
+    for _ in range(2):  # by hand: x + attention(LN(x)), then x + ffn(LN(x)), the same shared block twice
+        h = a.layer_norm(x)
+        q, k, v = a.qkv(h).view(2, 12, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        context = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 12, 32)
+        x = x + a.dense(context)
+        x = x + f.down(f.act(f.up(f.layer_norm(x))))
+    expected = model.encoder.final_layer_norm(x)
+    torch.testing.assert_close(model(ids, mask, types).last_hidden_state, expected, rtol=1e-5, atol=1e-6)
+    assert AlbertModel(small()).encoder.final_layer_norm is None  # post-LN, the paper's, has none
+
+
+def test_an_unknown_layer_norm_position_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="layer_norm_position: expected post or pre"):
+        small(layer_norm_position="sandwich")

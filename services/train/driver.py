@@ -19,6 +19,7 @@ from services.train.plan import (
     pjrt_device_for,
     plan_data,
     resolve_token_ids,
+    unigram_for,
 )
 from services.train.state import latest_good, list_checkpoints, read_trainer_json
 from services.train.worker import STOP_ENV, TRACE_ENV, train_loop_per_worker
@@ -72,6 +73,8 @@ def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coord
     shards_dir = Path(shards_dir).resolve()
     rows = plan_data(shards_dir, config)
     ids = resolve_token_ids(shards_dir, config)
+    if config.model.mlm_bias_init == "unigram":
+        unigram_for(shards_dir, config)  # counted once per shard set, then read by every worker
     run_dir = config.run_dir.resolve()
     init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
     if init_from is not None:  # the workers read it by absolute path
@@ -100,6 +103,7 @@ def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coord
         init_data_position=init_data_position(init_from) if config.data.continue_from_init else None,
         stop_after_step=int(stop_after) if stop_after else None,
         trace_examples=str(Path(trace).resolve()) if trace else None,
+        unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
     )
 
 

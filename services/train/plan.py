@@ -159,6 +159,7 @@ class WorkerPlan:
     pjrt_device: str | None = None  # backend "xla": the PJRT runtime (pjrt_device_for)
     init_from: str | None = None  # model.init_from, resolved
     init_data_position: int | None = None  # data.continue_from_init: the source run's examples seen
+    unigram_dir: str | None = None  # model.mlm_bias_init = "unigram": the shard set holding unigram.npy
     stop_after_step: int | None = None  # ALBERT_STOP_AFTER_STEP: simulate a crash right after this step
     trace_examples: str | None = None  # ALBERT_TRACE_EXAMPLES: a directory for per-step example-id traces
 

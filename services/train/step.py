@@ -19,9 +19,12 @@ import numpy as np
 import torch
 
 from albert_core.batch import mlm_batch
+from albert_core.config import AlbertConfig
 from albert_core.masking import IGNORE_INDEX
+from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.tokenization import TokenIds
+from albert_core.unigram import UnigramBaseline
 
 if TYPE_CHECKING:  # plain dataclasses of the run config; read by attribute only
     from services.run_config import DataSection, OptimSection
@@ -192,6 +195,16 @@ def optimizer_for(
         trust_clip=tuple(o.trust_clip) if o.trust_clip else None,
     )
     return optimizer, make_scheduler(optimizer, warmup_steps=o.warmup_steps, total_steps=o.total_steps)
+
+
+def initial_model(config: AlbertConfig, seed: int, unigram: UnigramBaseline | None = None) -> AlbertForPreTraining:
+    """A new run's model: weights drawn under `seed`; with `unigram` (model.mlm_bias_init = "unigram"), the MLM
+    bias starts at the shard set's piece log frequencies. A resumed or stacked run loads its weights over these."""
+    torch.manual_seed(seed)
+    model = AlbertForPreTraining(config)
+    if unigram is not None:
+        model.init_mlm_bias(torch.from_numpy(unigram.log_probs()).float())
+    return model
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:

@@ -33,14 +33,14 @@ from typing import Any
 import torch
 
 from albert_core.data_order import ExampleOrder
-from albert_core.model import AlbertForPreTraining
+from albert_core.unigram import UnigramBaseline
 from services.health import Finding, divergence
 from services.train.backends import EagerBackend, StepBackend, XlaBackend, all_reduce_sum
 from services.train.data import Prefetch, ShardRows, host_steps
 from services.train.plan import WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
 from services.train.state import TrainerState, checkpoint_dir
-from services.train.step import StepStats, make_micro_batch, optimizer_for, step_seed
+from services.train.step import StepStats, initial_model, make_micro_batch, optimizer_for, step_seed
 
 log = logging.getLogger(__name__)
 RECENT_LOSSES = 20
@@ -136,8 +136,9 @@ def start_worker(plan: WorkerPlan) -> Worker:
 
 def build(worker: Worker):
     run = worker.plan.run
-    torch.manual_seed(run.run.seed)  # identical initial weights on every worker
-    model = AlbertForPreTraining(run.model_config(worker.plan.token_ids.vocab_size))
+    vocab = worker.plan.token_ids.vocab_size
+    unigram = UnigramBaseline.load(worker.plan.unigram_dir, vocab) if worker.plan.unigram_dir else None
+    model = initial_model(run.model_config(vocab), run.run.seed, unigram)  # the same on every worker
     worker.backend.place(model)  # before the optimizer (XLA needs it)
     optimizer, scheduler = optimizer_for(model, run.optim)
     return model, optimizer, scheduler
