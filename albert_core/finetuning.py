@@ -26,6 +26,7 @@ from albert_core.downstream.glue import GlueData
 from albert_core.downstream.outputs import TaskOutputs, ensemble
 from albert_core.downstream.race import RaceData
 from albert_core.downstream.squad import SquadData
+from albert_core.files import METRICS_FILE
 from albert_core.finetune_config import SQUAD_TASKS, FinetuneConfig, TaskHyperparams
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.tokenization import Tokenizer
@@ -172,7 +173,7 @@ class _Run:
 
     def log(self, record: dict[str, Any]) -> None:
         if self.out_dir is not None:
-            with open(self.out_dir / "metrics.jsonl", "a") as f:
+            with open(self.out_dir / METRICS_FILE, "a") as f:
                 f.write(json.dumps(json_safe(record)) + "\n")
 
 
@@ -192,7 +193,7 @@ def _start(config: FinetuneConfig) -> _Run:
     out_dir = Path(config.output_dir) if config.output_dir is not None else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "metrics.jsonl").write_text("")
+        (out_dir / METRICS_FILE).write_text("")
     return _Run(config, h, tokenizer, data, model, device, optimizer, scheduler, batches, autocast, out_dir)
 
 

@@ -281,13 +281,20 @@ def param_groups_for(model: torch.nn.Module, weight_decay: float) -> list[dict[s
 
 
 def linear_warmup_poly_decay(
-    step: int, *, warmup_steps: int, total_steps: int, power: float = 1.0, end_factor: float = 0.0
+    step: int,
+    *,
+    warmup_steps: int,
+    total_steps: int,
+    power: float = 1.0,
+    end_factor: float = 0.0,
+    decay_steps: int = 0,
 ) -> float:
     """LR multiplier: step/warmup_steps during warmup, then polynomial decay from 1 to end_factor at total_steps.
 
     The decay runs over [warmup_steps, total_steps] so the peak (1.0) is reached at warmup end; BERT/ALBERT's
     TF code decays over [0, total_steps] and lets warmup override the start, which differs by warmup/total
-    (2.5% in the paper's recipe). After total_steps the multiplier stays at end_factor.
+    (2.5% in the paper's recipe). decay_steps > 0 holds the peak until total_steps - decay_steps and decays over
+    the last decay_steps only (warmup, stable, decay). After total_steps the multiplier stays at end_factor.
     """
     if not 0 <= warmup_steps < total_steps:
         raise ValueError(
@@ -296,9 +303,12 @@ def linear_warmup_poly_decay(
         )
     if step < 0:
         raise ValueError(f"schedule: step must be >= 0, got {step}")
+    if not 0 <= decay_steps <= total_steps - warmup_steps:
+        raise ValueError(f"schedule: need 0 <= decay_steps <= total_steps - warmup_steps, got {decay_steps}")
     if step < warmup_steps:
         return step / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    decay_from = total_steps - decay_steps if decay_steps else warmup_steps
+    progress = min(1.0, max(0, step - decay_from) / (total_steps - decay_from))
     return end_factor + (1.0 - end_factor) * (1.0 - progress) ** power
 
 
@@ -309,6 +319,7 @@ def make_scheduler(
     total_steps: int,
     power: float = 1.0,
     end_factor: float = 0.0,
+    decay_steps: int = 0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR over linear_warmup_poly_decay; call scheduler.step() once after each optimizer.step()."""
     fn = functools.partial(
@@ -317,6 +328,7 @@ def make_scheduler(
         total_steps=total_steps,
         power=power,
         end_factor=end_factor,
+        decay_steps=decay_steps,
     )
     fn(0)  # validate the arguments now, not at the first step
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)

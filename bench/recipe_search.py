@@ -48,7 +48,7 @@ def parse_value(text: str):
             pass
     if text in ("true", "false"):
         return text == "true"
-    if text in ("none", "null"):
+    if text == "null":
         return None
     return text
 
@@ -104,6 +104,10 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=1200.0, help="CPU seconds of training")
     parser.add_argument("--evals", type=int, default=6, help="evaluations spread over the budget")
     parser.add_argument("--eval-examples", type=int, default=512)
+    parser.add_argument(
+        "--eval-max-ngram", type=int, default=3, help="n-gram masking of the held-out evaluation (the paper's 3)"
+    )
+    parser.add_argument("--eval-mask-prob", type=float, default=0.15, help="masking rate of the held-out evaluation")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--fit-schedule",
@@ -111,6 +115,9 @@ def main() -> None:
         default=0.0,
         help="> 0: time a few steps first and set optim.total_steps so the schedule ends with the budget; "
         "warmup = this fraction of it",
+    )
+    parser.add_argument(
+        "--decay-fraction", type=float, default=0.0, help="with --fit-schedule: optim.decay_steps as a fraction"
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -136,8 +143,8 @@ def main() -> None:
         max_seq_length=config.data.max_seq_length,
         seed=config.run.seed,
         max_examples=args.eval_examples,
-        mask_prob=config.data.mask_prob,
-        max_ngram=config.data.max_ngram,
+        mask_prob=args.eval_mask_prob,
+        max_ngram=args.eval_max_ngram,
     )
 
     if args.fit_schedule > 0:
@@ -145,6 +152,7 @@ def main() -> None:
         total = max(10, int(args.budget / per_step))
         config.optim.total_steps = total
         config.optim.warmup_steps = max(1, int(total * args.fit_schedule))
+        config.optim.decay_steps = int(total * args.decay_fraction)
         print(f"{args.name}: {per_step:.2f} CPU-s per step -> total_steps {total}, warmup {config.optim.warmup_steps}")
 
     model = initial_model(

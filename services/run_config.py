@@ -56,6 +56,9 @@ class OptimSection:
     lr: float = 0.00176
     warmup_steps: int = 3125
     total_steps: int = 125_000
+    # 0: linear decay from the end of warmup to 0 at total_steps (the paper's). N > 0: hold the peak rate and decay
+    # over the last N steps only (warmup-stable-decay), which trains faster on short budgets.
+    decay_steps: int = 0
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.999
@@ -262,6 +265,11 @@ def _check_optim(o: OptimSection) -> None:
         raise ConfigError("optim.grad_clip: expected a number (<= 0: no clipping), got nan")
     if not 0 <= o.warmup_steps <= o.total_steps:
         raise ConfigError(f"optim.warmup_steps: expected 0..total_steps ({o.total_steps}), got {o.warmup_steps}")
+    if not 0 <= o.decay_steps <= o.total_steps - o.warmup_steps:
+        raise ConfigError(
+            f"optim.decay_steps: expected 0..total_steps - warmup_steps ({o.total_steps - o.warmup_steps}), "
+            f"got {o.decay_steps}"
+        )
     if o.trust_clip is not None:
         clip = o.trust_clip
         numbers = isinstance(clip, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in clip)

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from albert_core.files import atomic_write_bytes
+from albert_core.files import METRICS_FILE, atomic_write_bytes
 
-METRICS_FILE = "metrics.jsonl"
+__all__ = ["METRICS_FILE", "append", "drop_train_lines_from", "follow", "read_metrics", "repair"]
 log = logging.getLogger(__name__)
 
 

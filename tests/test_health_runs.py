@@ -56,7 +56,7 @@ def test_a_diverging_run_under_stop_ends_at_the_divergence_and_says_why(ray_loca
     config = diverging(tmp_path, shards, "diverge-stop")
     result = run_pretraining(config, resume=False)
     assert not result.finished and result.stopped is not None
-    assert "step 4" in result.stopped and "train.on_divergence is stop" in result.stopped
+    assert "step 4" in result.stopped and "stopped (train.on_divergence is stop)" in result.stopped
     assert "lower optim.lr" in result.stopped
     assert result.step == 2  # the last checkpoint before it; nothing of step 4 is kept
     (event,) = events(config.run_dir, "divergence")

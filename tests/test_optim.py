@@ -464,3 +464,14 @@ def test_make_optimizer_rejects_bad_options(kwargs, match):
 def test_lamb_rejects_bad_hyperparameters(kwargs):
     with pytest.raises(ValueError, match="Lamb"):
         Lamb([nn.Parameter(torch.zeros(2))], **kwargs)
+
+
+def test_warmup_stable_decay_holds_the_peak_and_decays_over_the_last_steps_only():
+    from albert_core.optim import linear_warmup_poly_decay
+
+    values = [linear_warmup_poly_decay(s, warmup_steps=10, total_steps=100, decay_steps=20) for s in range(0, 101, 5)]
+    assert values[:3] == [0.0, 0.5, 1.0]  # warmup
+    assert values[2:17] == [1.0] * 15  # stable until step 80
+    assert values[17:] == pytest.approx([0.75, 0.5, 0.25, 0.0])  # linear to 0 over the last 20
+    with pytest.raises(ValueError, match="decay_steps"):
+        linear_warmup_poly_decay(0, warmup_steps=10, total_steps=100, decay_steps=95)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from albert_core.config import ConfigError
 from services.run_config import RunConfig
-from services.run_log import METRICS_FILE
+from services.run_log import METRICS_FILE, read_metrics
 from services.train.plan import (
     CHECKPOINTS_DIR,
     WorkerPlan,
@@ -51,8 +51,8 @@ def run_pretraining(
     checkpoints rather than mixing two runs in it.
     """
     plan = make_plan(config, shards_dir=shards_dir, resume=resume, coordinator_name=coordinator_name)
-    last_report = fit(plan, callbacks)
-    return result_of(config, stopped=last_report.get("stopped"))
+    fit(plan, callbacks)
+    return result_of(config)
 
 
 def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coordinator_name: str | None) -> WorkerPlan:
@@ -107,9 +107,8 @@ def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coord
     )
 
 
-def fit(plan: WorkerPlan, callbacks: list | None = None) -> dict:
-    """One TorchTrainer over the plan's workers (restarted by Ray up to train.max_failures times); returns the
-    last metrics rank 0 reported."""
+def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
+    """One TorchTrainer over the plan's workers (restarted by Ray up to train.max_failures times)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -138,10 +137,10 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> dict:
             callbacks=callbacks,
         ),
     )
-    return trainer.fit().metrics or {}
+    trainer.fit()
 
 
-def result_of(config: RunConfig, *, stopped: str | None = None) -> TrainResult:
+def result_of(config: RunConfig) -> TrainResult:
     run_dir = config.run_dir.resolve()
     final = latest_good(run_dir / CHECKPOINTS_DIR)
     step, metrics, seconds = 0, {}, 0.0
@@ -150,4 +149,14 @@ def result_of(config: RunConfig, *, stopped: str | None = None) -> TrainResult:
         step, metrics, seconds = state["step"], state["metrics"], state.get("train_seconds", 0.0)
     t = config.train
     finished = step >= config.optim.total_steps or bool(t.max_seconds and seconds >= t.max_seconds)
-    return TrainResult(run_dir, step, final, metrics, run_dir / METRICS_FILE, finished and not stopped, stopped)
+    stopped = stop_reason(run_dir, after_step=step) if not finished else None
+    return TrainResult(run_dir, step, final, metrics, run_dir / METRICS_FILE, finished, stopped)
+
+
+def stop_reason(run_dir: Path, *, after_step: int) -> str | None:
+    """Why a run stopped short: its latest divergence event that ended training past its last checkpoint."""
+    for record in reversed(read_metrics(run_dir)):
+        if record.get("event") == "divergence" and str(record.get("action", "")).startswith("stopped"):
+            if record["step"] > after_step:
+                return f"{record['message']}; {record['action']}. Remedy: {record['remedy']}"
+    return None

@@ -18,7 +18,9 @@ class RunRecord(Protocol):
 
     def checkpoint_saved(self, step: int, path: str, metrics: dict[str, Any], *, final: bool) -> None: ...
 
-    def event(self, step: int, event: str, **fields: Any) -> None: ...
+    def event(self, step: int, event: str, **fields: Any) -> None:
+        """Append a run event; it is in the metrics log when this returns."""
+        ...
 
 
 class LedgerRecord:
@@ -62,7 +64,9 @@ class CoordinatorRecord:
         self.actor.checkpoint_saved.remote(step, path, metrics, final=final)
 
     def event(self, step: int, event: str, **fields: Any) -> None:
-        self.actor.event.remote(step, event, fields)
+        import ray
+
+        ray.get(self.actor.event.remote(step, event, fields))
 
 
 def open_record(plan: WorkerPlan) -> RunRecord:

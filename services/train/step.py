@@ -194,7 +194,10 @@ def optimizer_for(
         bias_correction=o.bias_correction if o.name == "lamb" else None,
         trust_clip=tuple(o.trust_clip) if o.trust_clip else None,
     )
-    return optimizer, make_scheduler(optimizer, warmup_steps=o.warmup_steps, total_steps=o.total_steps)
+    schedule = make_scheduler(
+        optimizer, warmup_steps=o.warmup_steps, total_steps=o.total_steps, decay_steps=o.decay_steps
+    )
+    return optimizer, schedule
 
 
 def initial_model(config: AlbertConfig, seed: int, unigram: UnigramBaseline | None = None) -> AlbertForPreTraining:

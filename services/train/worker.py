@@ -296,10 +296,8 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
 
 def roll_back(worker: Worker, model, optimizer, scheduler, state: TrainerState, diverged: Finding):
     """train.on_divergence: "rollback" reloads the last good checkpoint and scales the learning rate down; "stop"
-    (or no checkpoint, or rollbacks used up) ends the run. The event goes to the run's record; the last report tells
-    the driver why the run stopped. Returns the state to continue from, or None."""
-    import ray.train
-
+    (or no checkpoint, or rollbacks used up) ends the run. Either way the run's record gets a divergence event.
+    Returns the state to continue from, or None."""
     t = worker.plan.run.train
     path = worker.record.latest_good_checkpoint() if worker.record is not None else None
     path = _from_rank0([path], worker)[0]
@@ -307,9 +305,8 @@ def roll_back(worker: Worker, model, optimizer, scheduler, state: TrainerState, 
         why = "train.on_divergence is stop" if t.on_divergence != "rollback" else (
             "no checkpoint to roll back to" if path is None else f"train.max_rollbacks ({t.max_rollbacks}) used up"
         )  # fmt: skip
-        if worker.record is not None:
+        if worker.record is not None:  # the driver reads why the run stopped from this event
             worker.record.event(state.step, "divergence", **diverged.fields(), action=f"stopped ({why})")
-        ray.train.report({"step": state.step, "stopped": f"{diverged.message}; {why}. {diverged.remedy}"})
         return None
     scale, rollbacks, diverged_at = state.lr_scale * t.rollback_lr_scale, state.rollbacks + 1, state.step
     state = worker.backend.load(path, model, optimizer, scheduler)

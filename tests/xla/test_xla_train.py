@@ -31,8 +31,15 @@ from albert_core.checkpoint import load_model  # noqa: E402
 from albert_core.config import ConfigError  # noqa: E402
 from albert_core.shards import EXAMPLE_SCHEMA, example_id  # noqa: E402
 from services.run_config import RunConfig, TrainSection  # noqa: E402
-from services.train import STOP_ENV, TRACE_ENV, pjrt_device_for, read_metrics, run_pretraining  # noqa: E402
+from services.run_log import read_metrics as read_log  # noqa: E402
+from services.train import STOP_ENV, TRACE_ENV, pjrt_device_for, run_pretraining  # noqa: E402
 from services.train.state import latest_good, list_checkpoints, verify  # noqa: E402
+
+
+def read_metrics(path) -> list[dict]:
+    """The train lines of a run's metrics log (which also holds the run's events)."""
+    return [r for r in read_log(path) if r.get("kind") == "train"]
+
 
 VOCAB = 96
 SEQ = 136  # buckets (128, 136): rows of 8..136 tokens make steps of both widths
