@@ -4,10 +4,11 @@ independent reference, on the same shards and the same machine, measured in one 
 - ours       `albert pretrain --config tiny` as a user runs it (services.pipeline.pretrain: embedded Ray, 2 Ray Train
              workers, the coordinator evaluating every `--eval-every` steps). The clock starts when pretrain is
              called, so Ray's start-up counts; a step's time is when its train line was logged.
-- reference  transformers' AlbertForPreTraining of the tiny recipe's shape (post-LN, as transformers' ALBERT is),
-             torch AdamW, global batch 64, linear warmup 30 steps then linear decay over the budget, plain 15% BERT
-             masking (80/10/10 over single pieces), examples shuffled per epoch, in this process with every core; one
-             run per learning rate of `--ref-lrs`, each for `--budget` seconds of training (evaluation time is not
+- reference  transformers' AlbertForPreTraining of the tiny recipe's shape (post-LN, as transformers' ALBERT is,
+             its own initialization), torch AdamW, the recipe's global batch and warmup steps, then linear decay to
+             0 at the end of the budget (its step count sized from the first 10 steps' time), plain 15% BERT
+             masking (80/10/10 over single pieces), examples shuffled per epoch, in this process with every core;
+             one run per learning rate of `--ref-lrs`, each for `--budget` seconds of training (evaluation time is not
              counted). Its best learning rate is the one compared.
 
 Both are scored by the same evaluator (albert_core.evaluation: the held-out documents, n-gram masking, fixed
@@ -38,6 +39,7 @@ from services.train.plan import resolve_token_ids, unigram_for
 
 DEFAULT_SHARDS = Path(".cache/albert/sample-shards-8000-128")
 EVAL_EXAMPLES = 256
+TIMED_STEPS = 10
 
 
 # --- the reference --------------------------------------------------------------------------------------------
@@ -121,14 +123,17 @@ def run_reference(args, config: RunConfig, token_ids: TokenIds, lr: float, docum
         )
     )
     optimizer = torch.optim.AdamW(hf.parameters(), lr=lr, weight_decay=0.01)
-    steps_guess = max(100, int(args.budget / 1.5))  # linear decay over about the budget's steps
+    planned = {"steps": 10**9}  # sized from the first TIMED_STEPS steps' time: the decay ends with the budget
+    warmup = config.optim.warmup_steps
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / 30, max(0.0, (steps_guess - s) / max(1, steps_guess - 30)))
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (planned["steps"] - s) / max(1, planned["steps"] - warmup)))
     )
     model = HFAdapter(hf)
     curve, seconds, step = [], 0.0, 0
     next_eval = 0.0
-    for batch in reference_batches(args.shards, token_ids, 64, config.run.seed):
+    for batch in reference_batches(args.shards, token_ids, config.train.global_batch_size, config.run.seed):
+        if step == TIMED_STEPS:
+            planned["steps"] = max(warmup + 1, int(args.budget / (seconds / TIMED_STEPS)))
         if seconds >= next_eval:
             curve.append({"step": step, "seconds": seconds, **evaluate(model, documents, token_ids, config, unigram)})
             print(f"reference lr {lr}: {curve[-1]['seconds']:.0f} s, step {step}, mlm_acc {curve[-1]['mlm_acc']:.4f}")
