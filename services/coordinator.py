@@ -76,7 +76,7 @@ class Coordinator:
             "seeds": e.task_seeds,
             "max_steps": e.task_max_steps,
         }
-        self.evaluator_options = {"num_cpus": 1, **(evaluator_options or {})}
+        self.evaluator_options = {"num_cpus": e.cpus, **(evaluator_options or {})}
         self._running: dict[int, tuple[ray.ObjectRef, Any]] = {}  # step -> (result ref, evaluator actor)
         for entry in self.ledger.pending_evals():  # their evaluators died with the previous coordinator
             self._launch(entry)

@@ -217,8 +217,11 @@ class IntrinsicEvaluator:
         downstream: dict[str, Any] | None = None,
     ):
         """downstream: {"tasks": [...], "task_data": {task: dir}, "seeds": n, "max_steps": n} (eval.* of the run)."""
+        import torch
+
         from albert_core.evaluation import read_heldout
 
+        torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 0))))
         self.heldout_path = heldout_path
         self.documents = read_heldout(heldout_path)
         self.options = IntrinsicOptions(**(options or {}))

@@ -123,6 +123,10 @@ class EvalSection:
     # positions for plateau_evals consecutive evaluations after warmup (0: never).
     plateau_margin: float = 0.01
     plateau_evals: int = 2
+    # CPUs each evaluator actor holds. 1 keeps evaluations off the training workers' cores: on a machine whose CPUs
+    # the workers hold, they wait for the end of training. 0 runs them beside training (sharing its cores, one
+    # thread each), so held-out numbers and plateau events arrive while the run trains.
+    cpus: float = 1.0
 
 
 @dataclass
@@ -280,6 +284,8 @@ def _check_optim(o: OptimSection) -> None:
 
 
 def _check_eval(e: EvalSection) -> None:
+    if not e.cpus >= 0:  # NaN too
+        raise ConfigError(f"eval.cpus: expected >= 0 CPUs per evaluator, got {e.cpus}")
     if not 0 <= e.plateau_margin < 1:
         raise ConfigError(f"eval.plateau_margin: expected an accuracy margin in [0, 1), got {e.plateau_margin}")
     for name in ("every_steps", "task_seeds", "task_max_steps", "plateau_evals"):

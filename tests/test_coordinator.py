@@ -296,6 +296,28 @@ def test_a_checkpoint_on_the_eval_schedule_gets_an_eval_line_with_the_three_accu
     assert table[2].startswith("| 100 | 1.0000 |")
 
 
+@ray.remote
+class CpuHolder:
+    """Holds CPUs as training workers do (the test cluster has 2)."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_evaluators_of_eval_cpus_0_run_while_training_holds_every_cpu_and_those_of_1_wait(make_run):
+    holder = CpuHolder.options(num_cpus=2).remote()
+    try:
+        ray.get(holder.ready.remote(), timeout=60)
+        waiting, beside = make_run(eval={"every_steps": 100}), make_run(eval={"every_steps": 100, "cpus": 0})
+        for run in (waiting, beside):
+            assert run.call("checkpoint_saved", 100, run.checkpoint(100))["eval_scheduled"]
+        assert beside.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+        assert waiting.call("wait_for_evals", 2) == {"pending": 1, "done": 0, "failed": 0}
+    finally:
+        ray.kill(holder, no_restart=True)
+    assert waiting.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}  # once the CPUs are free
+
+
 def test_the_checkpoint_at_total_steps_is_evaluated_off_the_schedule(make_run):
     run = make_run(eval={"every_steps": 0}, optim={"total_steps": 120, "warmup_steps": 10})
     assert not run.call("checkpoint_saved", 100, run.checkpoint(100))["eval_scheduled"]

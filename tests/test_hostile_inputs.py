@@ -506,6 +506,8 @@ def test_any_run_config_toml_loads_usable_or_is_refused_naming_the_field(tmp_pat
         ("[optim]\ngrad_clip = nan", "optim.grad_clip"),
         ("[eval]\ntasks = [1]\ntask_data = {}", "eval.tasks"),
         ('[eval]\ntasks = ["sst2"]\ntask_data = {sst2 = 3}', "eval.task_data"),
+        ("[eval]\ncpus = -1", "eval.cpus"),
+        ("[eval]\ncpus = nan", "eval.cpus"),
         ('[model]\noverrides = {initializer_range = "big"}', "model.initializer_range"),
     ],
 )
