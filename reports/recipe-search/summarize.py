@@ -34,7 +34,7 @@ def row(round_name: str, cell: dict) -> str:
 
 
 def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:]] or sorted(HERE.glob("round*.jsonl"))
+    paths = [Path(p) for p in sys.argv[1:]] or sorted(HERE.glob("round*.jsonl"), key=lambda p: int(p.stem[5:]))
     print(
         "| round | cell | steps | epochs | held-out MLM acc at 1/5 .. 5/5 of the budget | final MLM acc | unigram "
         "| margin | MLM loss | SOP acc |"

@@ -23,7 +23,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ import torch
 from albert_core.model import AlbertForPreTraining, compile_backbone
 from services.train.state import TrainerState, load_train_state, save_train_state
 from services.train.step import ReduceSum, StepStats, train_step
+
+if TYPE_CHECKING:
+    from services.train.plan import WorkerPlan
 
 HostStep = tuple[list[dict[str, np.ndarray]], list[dict[str, torch.Tensor]]]  # (shard rows, masked micro-batches)
 
@@ -210,3 +213,22 @@ class XlaBackend:
 
     def metrics(self) -> dict[str, Any]:
         return {"xla_compiles": self.xla.compile_count()}  # grows only when a new graph appears
+
+
+def backend_for(plan: WorkerPlan, *, world: int, reduce_sum: ReduceSum | None) -> StepBackend:
+    """The step backend train.backend names, for this Ray Train worker."""
+    t, data = plan.run.train, plan.run.data
+    if t.backend == "xla":
+        return XlaBackend(
+            plan.pjrt_device,
+            world=world,
+            reduce_sum=reduce_sum,
+            precision=t.precision,
+            buckets=tuple(sorted({min(128, data.max_seq_length), data.max_seq_length})),
+            batch_size=t.micro_batch_size,
+            mask_prob=data.mask_prob,
+            pad_id=plan.token_ids.pad_id,
+        )
+    import ray.train.torch
+
+    return EagerBackend(ray.train.torch.get_device(), precision=t.precision, compile=t.compile, reduce_sum=reduce_sum)

@@ -35,7 +35,7 @@ import torch
 from albert_core.data_order import ExampleOrder
 from albert_core.unigram import UnigramBaseline
 from services.health import Finding, divergence
-from services.train.backends import EagerBackend, StepBackend, XlaBackend, all_reduce_sum
+from services.train.backends import StepBackend, all_reduce_sum, backend_for
 from services.train.data import Prefetch, ShardRows, host_steps
 from services.train.plan import WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
@@ -105,7 +105,6 @@ def train_steps(worker: Worker, model, optimizer, scheduler, state: TrainerState
 
 def start_worker(plan: WorkerPlan) -> Worker:
     import ray.train
-    import ray.train.torch
     import torch.distributed as dist
 
     t = plan.run.train
@@ -114,22 +113,7 @@ def start_worker(plan: WorkerPlan) -> Worker:
     if world != t.num_workers:
         raise RuntimeError(f"train.num_workers is {t.num_workers} but Ray started {world} workers")
     distributed = dist.is_available() and dist.is_initialized() and world > 1
-    reduce_sum = all_reduce_sum if distributed else None
-    if t.backend == "xla":
-        data = plan.run.data
-        backend = XlaBackend(
-            plan.pjrt_device,
-            world=world,
-            reduce_sum=reduce_sum,
-            precision=t.precision,
-            buckets=tuple(sorted({min(128, data.max_seq_length), data.max_seq_length})),
-            batch_size=t.micro_batch_size,
-            mask_prob=data.mask_prob,
-            pad_id=plan.token_ids.pad_id,
-        )
-    else:
-        device = ray.train.torch.get_device()
-        backend = EagerBackend(device, precision=t.precision, compile=t.compile, reduce_sum=reduce_sum)
+    backend = backend_for(plan, world=world, reduce_sum=all_reduce_sum if distributed else None)
     record = open_record(plan) if rank == 0 else None
     return Worker(plan, rank, world, distributed, backend, record)
 
