@@ -38,48 +38,62 @@ from services.train import train_step
 BATCH, SEQ, VOCAB = 8, 128, 30000
 
 
-def gemm_peak(n: int = 2048, reps: int = 5) -> float:
-    """Best fp32 FLOP/s of an n×n×n torch.mm on this machine, now."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def gemm_peak(
+    n: int = 2048, reps: int = 5, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> float:
+    """Best FLOP/s of an n×n×n torch.mm in `dtype` on `device` (default: fp32 on the CPU), now."""
+    a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
     torch.mm(a, b)
+    sync()
     best = math.inf
     for _ in range(reps):
         start = time.perf_counter()
         torch.mm(a, b)
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
 
 
-def make_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+def make_batch(seed: int = 0, *, batch: int = BATCH, seq: int = SEQ, vocab: int = VOCAB) -> dict[str, torch.Tensor]:
+    """`batch` full rows of `seq` random pieces ([CLS] A [SEP] B [SEP]), n-gram masked, as CPU tensors."""
     rng = np.random.default_rng(seed)
     rows, types, starts = [], [], []
-    for _ in range(BATCH):
-        split = int(rng.integers(20, SEQ - 20))
-        ids = [2, *rng.integers(5, VOCAB, split - 2), 3, *rng.integers(5, VOCAB, SEQ - split - 1), 3]
+    for _ in range(batch):
+        split = int(rng.integers(20, seq - 20))
+        ids = [2, *rng.integers(5, vocab, split - 2), 3, *rng.integers(5, vocab, seq - split - 1), 3]
         rows.append(ids)
-        types.append([0] * split + [1] * (SEQ - split))
-        ws = rng.random(SEQ) < 0.75
+        types.append([0] * split + [1] * (seq - split))
+        ws = rng.random(seq) < 0.75
         ws[0] = True
         starts.append(ws)
-    batch = mlm_batch(
+    masked = mlm_batch(
         rows,
         types,
-        rng.integers(0, 2, BATCH),
+        rng.integers(0, 2, batch),
         starts,
-        list(range(BATCH)),
+        list(range(batch)),
         seed=1,
         epoch=0,
-        seq_len=SEQ,
-        vocab_size=VOCAB,
+        seq_len=seq,
+        vocab_size=vocab,
         special_ids=(0, 1, 2, 3, 4),
         mask_id=4,
     )
-    return {k: torch.from_numpy(v) for k, v in batch.items()}
+    return {k: torch.from_numpy(v) for k, v in masked.items()}
 
 
-def build_ours(config: AlbertConfig, compiled: bool = False):
+def build_ours(
+    config: AlbertConfig,
+    compiled: bool = False,
+    *,
+    device: str | torch.device = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+):
+    """Our model on `device` and one train_step of it (autocast to `autocast_dtype` when given, as train.precision
+    "bf16" does); the step takes a CPU batch and moves it, as the workers' step does."""
     torch.manual_seed(0)
-    model = AlbertForPreTraining(config)
+    model = AlbertForPreTraining(config).to(device)
     model.train()
     optimizer = make_optimizer(model, lr=1e-4)
     scheduler = make_scheduler(optimizer, warmup_steps=0, total_steps=10_000)
@@ -87,31 +101,37 @@ def build_ours(config: AlbertConfig, compiled: bool = False):
         compile_backbone(model)
 
     def step(batch):
-        train_step(model, optimizer, scheduler, [batch], grad_clip=1.0)
+        train_step(model, optimizer, scheduler, [batch], grad_clip=1.0, device=device, autocast_dtype=autocast_dtype)
 
     return model, step
 
 
-def build_hf(ours: AlbertForPreTraining):
+def build_hf(ours: AlbertForPreTraining, *, autocast_dtype: torch.dtype | None = None):
+    """transformers' AlbertForPreTraining with our model's weights, on our model's device, and one AdamW step of
+    it (forward under autocast to `autocast_dtype` when given)."""
     import transformers
 
+    device = next(ours.parameters()).device
     state, hf_config = to_hf(ours.state_dict(), ours.config)
     hf_config = {k: v for k, v in hf_config.items() if k not in ("model_type", "architectures", "transformers_version")}
     model = transformers.AlbertForPreTraining(transformers.AlbertConfig(**hf_config))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
         raise RuntimeError(f"transformers rejected weights: {unexpected[:3]}")
+    model.to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, foreach=True)
 
     def step(batch):
-        out = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            token_type_ids=batch["token_type_ids"],
-            labels=batch["mlm_labels"],
-            sentence_order_label=batch["pair_labels"],
-        )
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            out = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"],
+                labels=batch["mlm_labels"],
+                sentence_order_label=batch["pair_labels"],
+            )
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -125,6 +125,21 @@ def test_load_restores_saved_dropout(tmp_path):
     assert all(m.p == 0.0 for m in model2.modules() if isinstance(m, torch.nn.Dropout))
 
 
+def test_load_keeps_the_configured_dropouts_when_none_was_removed(tmp_path):
+    """A recipe with hidden dropout 0 but a pair-head dropout of 0.1 resumes with both as they were."""
+    torch.manual_seed(0)
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.1)
+    model = AlbertForPreTraining(config)
+    opt, sched = make_optimizer(model, name="adamw", lr=1e-3), None
+    path = save_train_state(tmp_path / "step_1", model, opt, sched, TrainerState(step=1, dropout=0.0))
+    fresh = AlbertForPreTraining(tiny_config(**{k: getattr(config, k) for k in ("hidden_dropout_prob",
+                                 "attention_probs_dropout_prob", "classifier_dropout_prob")}))  # fmt: skip
+    before = sorted(m.p for m in fresh.modules() if isinstance(m, torch.nn.Dropout))
+    assert 0.1 in before
+    load_train_state(path, fresh, make_optimizer(fresh, name="adamw", lr=1e-3), None)
+    assert sorted(m.p for m in fresh.modules() if isinstance(m, torch.nn.Dropout)) == before
+
+
 def _truncate(path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])

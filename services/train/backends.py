@@ -68,6 +68,10 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 class EagerBackend:
     def __init__(self, device: torch.device, *, precision: str, compile: bool, reduce_sum: ReduceSum | None):
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            # Make the worker's GPU the current device: nccl calls that name no device use it (the worker's
+            # broadcast_object_list, and its budget broadcast on "cuda"), else every worker of a node uses cuda:0.
+            torch.cuda.set_device(self.device)
         self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
         self.compile = compile
         self.reduce_sum = reduce_sum

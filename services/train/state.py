@@ -295,8 +295,9 @@ def load_train_state(
         scheduler.load_state_dict(trainer["scheduler"])
     if restore_rng:
         _restore_rng(trainer["rng"])
-    if hasattr(target, "set_dropout"):
-        target.set_dropout(state.dropout)
+    config = getattr(target, "config", None)
+    if hasattr(target, "set_dropout") and getattr(config, "hidden_dropout_prob", state.dropout) != state.dropout:
+        target.set_dropout(state.dropout)  # the run removed (or changed) dropout: every dropout takes its value
     return state
 
 

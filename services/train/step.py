@@ -91,8 +91,10 @@ def accumulate_gradients(
     """
     device = torch.device(device)
     counts = torch.tensor([_counts(mb) for mb in micro_batches], dtype=torch.float64).reshape(-1, 3)
-    totals = counts.sum(0).to(device)  # float64 keeps integer counts exact
-    n_masked, n_pairs, n_tokens = (reduce_sum(totals) if reduce_sum else totals).tolist()
+    totals = counts.sum(0)  # float64 keeps integer counts exact
+    if reduce_sum is not None:  # summed where the group's backend reads tensors (nccl: the GPU), read back here
+        totals = reduce_sum(totals.to(device)).cpu()
+    n_masked, n_pairs, n_tokens = totals.tolist()  # on the host: one process reads them without a device sync
     sums = torch.zeros(4, dtype=torch.float32, device=device)  # mlm loss, pair loss, mlm correct, pair correct
     for mb, (mb_masked, mb_pairs, _) in zip(micro_batches, counts.tolist(), strict=True):
         mb = {k: v.to(device, non_blocking=True) for k, v in mb.items()}
