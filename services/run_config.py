@@ -267,8 +267,10 @@ def _check_optim(o: OptimSection) -> None:
         raise ConfigError(f"optim.weight_decay: expected a finite number >= 0, got {o.weight_decay}")
     if math.isnan(o.grad_clip):
         raise ConfigError("optim.grad_clip: expected a number (<= 0: no clipping), got nan")
-    if not 0 <= o.warmup_steps <= o.total_steps:
-        raise ConfigError(f"optim.warmup_steps: expected 0..total_steps ({o.total_steps}), got {o.warmup_steps}")
+    if not 0 <= o.warmup_steps < o.total_steps:
+        raise ConfigError(
+            f"optim.warmup_steps: expected 0..total_steps - 1 ({o.total_steps - 1}), got {o.warmup_steps}"
+        )
     if not 0 <= o.decay_steps <= o.total_steps - o.warmup_steps:
         raise ConfigError(
             f"optim.decay_steps: expected 0..total_steps - warmup_steps ({o.total_steps - o.warmup_steps}), "
