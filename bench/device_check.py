@@ -304,8 +304,6 @@ def check_checkpoint(device: torch.device) -> list[Check]:
             if dropout == 0.0
             else "hidden 0, pair head 0.1, as configs/tiny.toml"
         )
-        if not ok and dropout is None:
-            note += ": load_train_state applies the saved hidden dropout to every dropout (model.set_dropout)"
         checks.append(Check(item, "pass" if ok else "fail", {**numbers, "tolerances": [first_tol, tol]}, note))
     return checks
 

@@ -53,7 +53,7 @@ from albert_core.pairs import OBJECTIVES, PairConfig
 from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, HELDOUT_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import Tokenizer
 from albert_core.unigram import count_pieces
-from services.preprocess_unit import UnitTransform, heldout_hash, preprocess_sentences  # noqa: F401 (importable here)
+from services.preprocess_unit import UnitTransform
 
 if TYPE_CHECKING:
     from argparse import Namespace

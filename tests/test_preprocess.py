@@ -26,12 +26,11 @@ from services.cli import add_preprocess_command as register
 from services.preprocess import (
     PROGRESS_DIR,
     PreprocessConfig,
-    heldout_hash,
     list_input_files,
-    preprocess_sentences,
     run_preprocess,
     stream_examples,
 )
+from services.preprocess_unit import heldout_hash, preprocess_sentences
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()
