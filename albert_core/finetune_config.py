@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from albert_core.config import AlbertConfig
+from albert_core.downstream.custom_splits import CustomDataConfig
 from albert_core.tokenization import MODEL_FILE
 
 
@@ -73,9 +74,13 @@ PAPER_HYPERPARAMS: dict[str, TaskHyperparams] = {
 # Not in the paper: a recipe sized for the 200-sentence polarity task and CPU-sized models (bench/finetune_polarity).
 POLARITY_HYPERPARAMS = _hp(1e-4, 16, 150, 15, 64)
 
+# Not in the paper: the user's own data ("custom"). The paper's middle learning rate and warmup fraction at batch 32,
+# 1,000 steps and 128 tokens; --max-steps / --lr / --max-seq-length fit it to the data.
+CUSTOM_HYPERPARAMS = _hp(3e-5, 32, 1000, 100, 128)
+
 GLUE_FINETUNE_TASKS = ("cola", "stsb", "sst2", "mnli", "qnli", "qqp", "rte", "mrpc", "wnli")
 SQUAD_TASKS = {"squad1": "v1.1", "squad2": "v2.0"}
-TASKS = (*GLUE_FINETUNE_TASKS, "mnli-m", "mnli-mm", "squad1", "squad2", "race", "polarity")
+TASKS = (*GLUE_FINETUNE_TASKS, "mnli-m", "mnli-mm", "squad1", "squad2", "race", "polarity", "custom")
 _ALIASES = {
     "sst-2": "sst2",
     "sts-b": "stsb",
@@ -101,17 +106,20 @@ def canonical_task(name: str) -> str:
 
 
 def hyperparams_for(task: str) -> TaskHyperparams:
-    """The paper's recipe for `task` (MNLI's for mnli-m / mnli-mm); POLARITY_HYPERPARAMS for polarity."""
+    """The paper's recipe for `task` (MNLI's for mnli-m / mnli-mm); POLARITY_ / CUSTOM_HYPERPARAMS for those."""
     task = canonical_task(task)
     if task == "polarity":
         return POLARITY_HYPERPARAMS
+    if task == "custom":
+        return CUSTOM_HYPERPARAMS
     return PAPER_HYPERPARAMS["mnli" if task.startswith("mnli") else task]
 
 
 @dataclass
 class FinetuneConfig:
     task: str
-    data_dir: str  # GLUE: the task folder (or its parent); SQuAD: holds train/dev-v1.1.json; RACE: train/dev/test
+    data_dir: str  # GLUE: the task folder (or its parent); SQuAD: holds train/dev-v1.1.json; RACE: train/dev/test;
+    # custom: informational (the files are in `custom`)
     checkpoint: str | None = None  # a model directory (ours or transformers'); None: random init of `model`
     model: AlbertConfig | None = None  # the architecture to initialize randomly when there is no checkpoint
     tokenizer: str | None = None  # spiece.model or its directory; None: the one in/above the checkpoint directory
@@ -135,6 +143,8 @@ class FinetuneConfig:
     n_best: int = 20
     # RACE
     max_qa_length: int = 128
+    # custom: the user's files and columns
+    custom: CustomDataConfig | None = None
 
     def __post_init__(self) -> None:
         self.task = canonical_task(self.task)
@@ -143,6 +153,11 @@ class FinetuneConfig:
         if unknown:
             raise ValueError(
                 f"FinetuneConfig.overrides: unknown hyperparameter {unknown[0]!r} (known: {', '.join(sorted(known))})"
+            )
+        if (self.task == "custom") != (self.custom is not None):
+            raise ValueError(
+                "FinetuneConfig: task 'custom' needs custom (a CustomDataConfig: files and columns), "
+                f"and only it takes one (task {self.task!r}, custom {'set' if self.custom else 'not set'})"
             )
         if self.checkpoint is None and self.model is None:
             raise ValueError("FinetuneConfig: set checkpoint (a pretrained model directory) or model (random init)")
@@ -170,15 +185,18 @@ class FinetuneConfig:
         return h
 
     def tokenizer_path(self) -> Path:
-        if self.tokenizer is not None:
-            return Path(self.tokenizer)
-        tried = []
-        if self.checkpoint is not None:
-            directory = Path(self.checkpoint)
-            for candidate in (directory, directory.parent, directory.parent.parent):
-                tried.append(str(candidate / MODEL_FILE))
-                if (candidate / MODEL_FILE).is_file():
-                    return candidate / MODEL_FILE
+        """`tokenizer`, else the spiece.model in or above the checkpoint directory (the search `albert convert`
+        shares); refused in one line naming both when its vocabulary is not the checkpoint's."""
+        from albert_core.vocabulary import check_tokenizer_fits, tokenizer_candidates
+
+        candidates = tokenizer_candidates(self.checkpoint) if self.checkpoint is not None else []
+        found = next((path for path in candidates if path.is_file()), None)
+        found = Path(self.tokenizer) if self.tokenizer is not None else found
+        if found is not None:
+            if self.checkpoint is not None:
+                check_tokenizer_fits(self.checkpoint, found)  # milliseconds: config.json and the tokenizer files
+            return found
+        tried = [str(path) for path in candidates]
         raise FileNotFoundError(
             f"FinetuneConfig.tokenizer: not set, and no {MODEL_FILE} beside the checkpoint (tried {tried}); "
             "pass the SentencePiece model the checkpoint was pretrained with"

@@ -1,8 +1,8 @@
 """Fine-tuning: the train loop (`finetune`) over a task adapter, and scoring of saved outputs, seeds and ensembles.
 
 The recipes and the run's config are in `albert_core.finetune_config`; each task family's adapter (GlueData,
-SquadData, RaceData) sits next to its reader in `albert_core.downstream`. docs/finetuning.md describes the loop,
-the adapters' methods and the paper's protocol (median of 5 seeds, ensembles).
+SquadData, RaceData, CustomData) sits next to its reader in `albert_core.downstream`. docs/finetuning.md describes
+the loop, the adapters' methods and the paper's protocol (median of 5 seeds, ensembles).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import nn
 
 from albert_core.checkpoint import load_weights, read_checkpoint, save_model
 from albert_core.downstream.batching import to_device
+from albert_core.downstream.custom import CustomData
 from albert_core.downstream.glue import GlueData
 from albert_core.downstream.outputs import TaskOutputs, ensemble
 from albert_core.downstream.race import RaceData
@@ -31,7 +32,16 @@ from albert_core.finetune_config import SQUAD_TASKS, FinetuneConfig, TaskHyperpa
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.tokenization import Tokenizer
 
-TaskData = GlueData | SquadData | RaceData
+TaskData = GlueData | SquadData | RaceData | CustomData
+
+
+class FinetuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the training steps. `result` is what the run had: its dev evaluations so far (history), the
+    best of them (dev, best_step), the steps run, interrupted=True; no predictions were written."""
+
+    def __init__(self, result: dict[str, Any]):
+        super().__init__(f"fine-tuning {result['task']} interrupted at step {result['steps']}")
+        self.result = result
 
 
 def load_task_data(config: FinetuneConfig, tokenizer: Tokenizer, h: TaskHyperparams | None = None) -> TaskData:
@@ -41,6 +51,8 @@ def load_task_data(config: FinetuneConfig, tokenizer: Tokenizer, h: TaskHyperpar
         return SquadData(config.task, config.data_dir, tokenizer, h, config)
     if config.task == "race":
         return RaceData(config.task, config.data_dir, tokenizer, h, config)
+    if config.task == "custom":
+        return CustomData(config, tokenizer, h)
     return GlueData(config.task, config.data_dir, tokenizer, h)
 
 
@@ -222,42 +234,57 @@ class _BestOnDev:
         return self.patience is not None and self.evals_since >= self.patience
 
 
-def _train(run: _Run) -> tuple[_BestOnDev, list[dict[str, Any]], int, bool]:
-    """The steps, with dev evaluations on the schedule: (best, history, steps run, stopped early)."""
+@dataclass
+class _Trained:
+    best: _BestOnDev
+    history: list[dict[str, Any]]
+    steps: int  # optimizer steps taken
+    stopped_early: bool = False
+    interrupted: bool = False  # Ctrl-C (KeyboardInterrupt) ended the steps
+
+
+def _train(run: _Run) -> _Trained:
+    """The steps, with dev evaluations on the schedule (each one a line on the progress bar's console)."""
     config, h = run.config, run.h
-    history: list[dict[str, Any]] = []
-    best = _BestOnDev(config.patience)
-    stopped_early = False
+    trained = _Trained(_BestOnDev(config.patience), [], 0)
     losses: list[float] = []
     schedule = eval_steps(h.train_steps, config.eval_every)
     progress = _progress(h.train_steps, config.progress, config.task)
-    step = 0
-    for step in range(1, h.train_steps + 1):
-        loss_value = run.train_step(run.batches.next())
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(f"fine-tuning {config.task}: loss is {loss_value} at step {step}")
-        run.update()
-        losses.append(loss_value)
-        progress.update(1)
-        progress.set_postfix(loss=f"{loss_value:.4f}")
-        if step not in schedule:
-            continue
-        outputs, metrics = run.evaluate()
-        record = {
-            "step": step,
-            "time": time.time(),
-            "train_loss": float(np.mean(losses)),
-            "lr": run.scheduler.get_last_lr()[0],
-            **metrics,
-        }
-        losses = []
-        history.append(record)
-        run.log(record)
-        if best.update(step, metrics, outputs, run):
-            stopped_early = True
-            break
+    try:
+        for step in range(1, h.train_steps + 1):
+            loss_value = run.train_step(run.batches.next())
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"fine-tuning {config.task}: loss is {loss_value} at step {step}")
+            run.update()
+            trained.steps = step
+            losses.append(loss_value)
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss_value:.4f}")
+            if step not in schedule:
+                continue
+            outputs, metrics = run.evaluate()
+            record = {"step": step, "time": time.time(), "train_loss": float(np.mean(losses))}
+            record.update(lr=run.scheduler.get_last_lr()[0], **metrics)
+            losses = []
+            trained.history.append(record)
+            run.log(record)
+            stop = trained.best.update(step, metrics, outputs, run)
+            progress.write(evaluation_line(record, metrics, h.train_steps, best=trained.best.step == step))
+            if stop:
+                trained.stopped_early = True
+                break
+    except KeyboardInterrupt:
+        trained.interrupted = True
     progress.close()
-    return best, history, step, stopped_early
+    return trained
+
+
+def evaluation_line(record: dict[str, Any], metrics: dict[str, float], total: int, *, best: bool) -> str:
+    """One dev evaluation for the console: "step 40/200  dev acc 0.8125  macro_f1 0.8012  train_loss 0.41  (best)"."""
+    shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+    return f"step {record['step']}/{total}  dev {shown}  train_loss {record['train_loss']:.4f}" + (
+        "  (best)" if best else ""
+    )
 
 
 def finetune(config: FinetuneConfig) -> dict[str, Any]:
@@ -265,36 +292,44 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
 
     Result: task, seed, metric (the task's primary dev metric), dev (all dev metrics at the best evaluation),
     best_step, steps (steps run), stopped_early, history (one record per evaluation), test (metrics where test
-    labels are public: RACE), files (what was written), hyperparams, checkpoint, seconds.
+    labels are public: RACE, custom data with labels), files (what was written), hyperparams, checkpoint, seconds.
+    Ctrl-C during the steps raises FinetuneInterrupted carrying this result so far (interrupted=True, no files).
     """
     started = time.time()
     run = _start(config)
-    best, history, steps, stopped_early = _train(run)
-    run.model.load_state_dict(best.state)
-    test: dict[str, float] = {}
-    test_outputs = {split: run.predict(split) for split in run.data.available_test_splits()}
-    for split_outputs in test_outputs.values():
-        test.update(run.data.test_metrics(split_outputs))
-    files = _write_outputs(run, {**best.outputs, **test_outputs})
+    trained = _train(run)
     result = {
         "task": config.task,
         "seed": config.seed,
         "metric": run.data.metric,
-        "dev": best.metrics,
-        "best_step": best.step,
-        "steps": steps,
-        "stopped_early": stopped_early,
-        "history": history,
-        "test": test,
-        "files": files,
+        "dev": trained.best.metrics,
+        "best_step": trained.best.step,
+        "steps": trained.steps,
+        "stopped_early": trained.stopped_early,
+        "history": trained.history,
+        "test": {},
+        "files": {},
         "hyperparams": dataclasses.asdict(run.h),
         "checkpoint": config.checkpoint,
         "started": started,
-        "seconds": time.time() - started,
     }
+    if trained.interrupted:
+        result.update(interrupted=True, seconds=time.time() - started)
+        _write_result(run, result)
+        raise FinetuneInterrupted(result)
+    run.model.load_state_dict(trained.best.state)
+    test_outputs = {split: run.predict(split) for split in run.data.available_test_splits()}
+    for split_outputs in test_outputs.values():
+        result["test"].update(run.data.test_metrics(split_outputs))
+    result["files"] = _write_outputs(run, {**trained.best.outputs, **test_outputs})
+    result["seconds"] = time.time() - started
+    _write_result(run, result)
+    return result
+
+
+def _write_result(run: _Run, result: dict[str, Any]) -> None:
     if run.out_dir is not None:
         (run.out_dir / "result.json").write_text(json.dumps(json_safe(result), indent=2) + "\n")
-    return result
 
 
 def _write_outputs(run: _Run, outputs: dict[str, TaskOutputs]) -> dict[str, str]:
@@ -313,6 +348,9 @@ def _write_outputs(run: _Run, outputs: dict[str, TaskOutputs]) -> dict[str, str]
 
 class _NoProgress:
     def update(self, n: int) -> None:
+        pass
+
+    def write(self, line: str) -> None:
         pass
 
     def set_postfix(self, **kwargs: Any) -> None:
@@ -414,9 +452,11 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
 
 __all__ = [
+    "FinetuneInterrupted",
     "TaskData",
     "build_model",
     "eval_steps",
+    "evaluation_line",
     "finetune",
     "json_safe",
     "load_task_data",

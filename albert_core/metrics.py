@@ -8,6 +8,8 @@ percentages (as the official SQuAD evaluation scripts print them).
   Degenerate cases follow scikit-learn / SciPy, which the GLUE evaluation uses: MCC is 0 when a row or column of
   the confusion matrix is empty, F1 is 0 when there is neither a true nor a predicted positive, and Pearson /
   Spearman are NaN when either input is constant.
+- The user's own data (task "custom"): accuracy, macro-F1 and multi-class MCC for any number of classes;
+  Pearson and Spearman for regression.
 - SQuAD: the official v2.0 script (`evaluate-v2.0.py`), which on answerable questions agrees with v1.1:
   answers normalized (lower case, punctuation removed, articles a/an/the removed, whitespace collapsed), exact
   match and bag-of-tokens F1, each the maximum over the gold answers. Gold answers that normalize to "" are
@@ -158,6 +160,35 @@ def glue_metrics(task: str, predictions, labels) -> dict[str, float]:
         return {"acc": acc, "f1": f1, "acc_and_f1": (acc + f1) / 2}
     r, rho = pearson(predictions, labels), spearman(predictions, labels)
     return {"pearson": r, "spearman": rho, "corr": (r + rho) / 2}
+
+
+# ----------------------------------------------------------------------------- the user's own data
+
+
+def f1_macro(predictions, labels) -> float:
+    """The unweighted mean of each class's F1, 2·tp / (2·tp + fp + fn), over the classes that occur in the labels
+    or the predictions (scikit-learn's f1_score(average="macro"))."""
+    predictions, labels = _pair(predictions, labels)
+    scores = []
+    for c in np.unique(np.concatenate([labels, predictions])):
+        p, y = predictions == c, labels == c
+        tp, fp, fn = int(np.sum(p & y)), int(np.sum(p & ~y)), int(np.sum(~p & y))
+        scores.append(2 * tp / (2 * tp + fp + fn))
+    return float(np.mean(scores))
+
+
+def classification_metrics(predictions, labels) -> dict[str, float]:
+    """Any number of classes: {"acc", "macro_f1", "mcc"} (MCC in its multi-class form)."""
+    return {
+        "acc": accuracy(predictions, labels),
+        "macro_f1": f1_macro(predictions, labels),
+        "mcc": matthews_corrcoef(predictions, labels),
+    }
+
+
+def regression_metrics(predictions, labels) -> dict[str, float]:
+    """{"pearson", "spearman"} (NaN when either side is constant)."""
+    return {"pearson": pearson(predictions, labels), "spearman": spearman(predictions, labels)}
 
 
 # ----------------------------------------------------------------------------- SQuAD

@@ -90,6 +90,12 @@ class ShardsManifest:
         size = self.data.get("vocab_size", self._tokenizer_entry.get("vocab_size"))
         return size if isinstance(size, int) and not isinstance(size, bool) else None
 
+    @property
+    def tokenizer_sha256(self) -> str | None:
+        """The sha256 of the tokenizer model the manifest records (services/preprocess writes it), or None."""
+        digest = self._tokenizer_entry.get("sha256")
+        return digest if isinstance(digest, str) and digest else None
+
 
 def example_id(shard: int, row: int) -> int:
     return (shard << 32) | row

@@ -241,8 +241,9 @@ class Tokenizer:
             name=model_path,
         )
 
-    def save(self, out_dir: str | os.PathLike) -> Path:
-        """Write spiece.model, spiece.vocab and a tokenizer_config.json transformers' AlbertTokenizer reads."""
+    def save(self, out_dir: str | os.PathLike, *, model_max_length: int = 512) -> Path:
+        """Write spiece.model, spiece.vocab and a tokenizer_config.json transformers' AlbertTokenizer reads (its
+        outputs include token_type_ids, as our pair encoding has them)."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         files = {
@@ -256,7 +257,8 @@ class Tokenizer:
                     "do_lower_case": self.lower_case,
                     "keep_accents": self.keep_accents,
                     "remove_space": True,
-                    "model_max_length": 512,
+                    "model_max_length": model_max_length,
+                    "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
                     "pad_token": PAD,
                     "unk_token": UNK,
                     "cls_token": CLS,

@@ -36,18 +36,12 @@ def cmd_model_info(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """Between an albert model directory and a transformers checkpoint directory (either direction)."""
-    from albert_core.checkpoint import load_weights, read_checkpoint, save_model
-    from albert_core.interop import save_hf_checkpoint
-    from albert_core.model import AlbertForPreTraining
+    from albert_core.conversion import convert_checkpoint
 
-    config, state = read_checkpoint(args.source)
-    if args.to == "hf":
-        save_hf_checkpoint(args.output, state, config)
-    else:
-        model = AlbertForPreTraining(config)
-        load_weights(model, state)
-        save_model(args.output, model)
-    print(f"wrote {args.to} checkpoint to {args.output}")
+    done = convert_checkpoint(args.source, args.output, to=args.to, tokenizer=args.tokenizer, force=args.force)
+    if done.warning:
+        print(f"albert: warning: {done.warning}", file=sys.stderr)
+    print(done.summary())
     return 0
 
 
@@ -103,6 +97,7 @@ def _parse_sets(pairs: list[str]) -> dict[str, object]:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
+    from services.interrupt import StoppedAtOnce
     from services.pipeline import pretrain
     from services.run_config import RunConfig
 
@@ -111,10 +106,18 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         overrides.update({"run.name": run_dir.name, "run.output_dir": str(run_dir.parent)})
     config = RunConfig.load(args.config, overrides)
-    result = pretrain(config, address=args.address, resume=not args.fresh, progress=not args.no_progress)
+    try:
+        result = pretrain(config, address=args.address, resume=not args.fresh, progress=not args.no_progress)
+    except StoppedAtOnce:
+        from services.train.plan import CHECKPOINTS_DIR
+        from services.train.state import latest_good
+
+        newest = latest_good(config.run_dir / CHECKPOINTS_DIR)
+        print(f"albert: stopped at once (second Ctrl-C); newest checkpoint: {newest}", file=sys.stderr)
+        return 130
     if result.stopped:
         print(f"albert: stopped at step {result.step}: {result.stopped}", file=sys.stderr)
-        return 3
+        return 130 if result.interrupted else 3
     print(f"finished at step {result.step}; checkpoint {result.checkpoint}; metrics {result.metrics_file}")
     return 0
 
@@ -269,7 +272,9 @@ def add_model_commands(commands: argparse._SubParsersAction) -> None:
     convert = commands.add_parser("convert", help="convert between albert and transformers checkpoints")
     convert.add_argument("source", help="an albert model directory or a transformers checkpoint directory")
     convert.add_argument("output")
-    convert.add_argument("--to", choices=["hf", "albert"], default="hf")
+    convert.add_argument("--to", choices=["hf", "albert"], help="default: the other format than the source's")
+    convert.add_argument("--tokenizer", help="spiece.model to carry (default: found in or above the source)")
+    convert.add_argument("--force", action="store_true", help="replace the checkpoint in a non-empty output")
     convert.set_defaults(func=cmd_convert)
 
 
@@ -351,16 +356,16 @@ def add_preprocess_command(commands: argparse._SubParsersAction) -> None:
 
 def add_finetune_command(commands: argparse._SubParsersAction) -> None:
     """`albert finetune` (services.finetune)."""
-    from services.finetune import BASE_SEED, TASKS, cmd_finetune
+    from services.finetune import BASE_SEED, TASKS, add_custom_data_arguments, cmd_finetune
 
     parser = commands.add_parser(
         "finetune",
-        help="fine-tune a checkpoint on GLUE / SQuAD / RACE / polarity (several seeds on Ray)",
+        help="fine-tune a checkpoint on GLUE / SQuAD / RACE / polarity / your own data (several seeds on Ray)",
         description="Fine-tune with the paper's recipe for the task; several seeds run as parallel Ray tasks and "
         "the dev metrics are summarized by their median.",
     )
     parser.add_argument("--task", required=True, help=", ".join(TASKS))
-    parser.add_argument("--data", required=True, help="the task's data folder (official layout)")
+    parser.add_argument("--data", help="the task's data folder (official layout; custom: train.csv, dev.csv, ...)")
     parser.add_argument("--checkpoint", help="pretrained model directory (ours or transformers')")
     parser.add_argument("--preset", help="instead of --checkpoint: a randomly initialized preset (baseline)")
     parser.add_argument("--tokenizer", help="spiece.model (default: found in or above the checkpoint directory)")
@@ -382,6 +387,7 @@ def add_finetune_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--cpus-per-run", type=float, default=1)
     parser.add_argument("--gpus-per-run", type=float, default=0)
     parser.add_argument("--address", help="Ray cluster address (default: a local Ray started here)")
+    add_custom_data_arguments(parser)
     parser.set_defaults(func=cmd_finetune)
 
 
@@ -494,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:  # ConfigError, CorpusError, CheckpointError... are ValueErrors
         print(f"albert: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # commands that handle Ctrl-C themselves say more before they get here
+        print("albert: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -76,11 +76,15 @@ class Coordinator:
             "seeds": e.task_seeds,
             "max_steps": e.task_max_steps,
         }
-        self.evaluator_options = {"num_cpus": e.cpus, **(evaluator_options or {})}
+        self.evaluator_options = dict(evaluator_options or {})
         self._running: dict[int, tuple[ray.ObjectRef, Any]] = {}  # step -> (result ref, evaluator actor)
-        for entry in self.ledger.pending_evals():  # their evaluators died with the previous coordinator
-            self._launch(entry)
-        self.ledger.save()
+        # Due evaluations wait here for a slot (see `evaluator_slots`). Those left pending by a previous coordinator
+        # (their evaluators died with it) wait until training reports its first step: a resumed run's workers get
+        # their CPUs before any evaluator asks for one.
+        self._queue: list[EvalEntry] = list(self.ledger.pending_evals())
+        self._training_started = False
+        self._shared_cpus_noted = False
+        self._stop_requested = False
         self._last_seen, self._stall_reported = time.monotonic(), False
         if config.train.stall_seconds:
             threading.Thread(target=self._watch, args=(config.train.stall_seconds,), daemon=True).start()
@@ -89,6 +93,7 @@ class Coordinator:
 
     def report(self, step: int, metrics: dict[str, Any]) -> None:
         """Append a train line; note resumes and dropout changes. Idempotent for a retried call."""
+        self._training_started = True
         self._collect()
         self._last_seen, self._stall_reported = time.monotonic(), False
         self.ledger.report(step, metrics)
@@ -102,10 +107,12 @@ class Coordinator:
         checkpoint (step >= optim.total_steps, or `final=True` for a run stopped early) is evaluated even off the
         every_steps schedule.
         """
+        self._training_started = True
         self._collect()
         result = self.ledger.checkpoint_saved(step, path, metrics, final=final)
         if result.eval_due is not None:
-            self._launch(result.eval_due)
+            self._queue.append(result.eval_due)
+            self._pump()
             self.ledger.save()
         return result.to_dict()
 
@@ -117,6 +124,16 @@ class Coordinator:
         """A run event (training health, a stop on request) appended to the metrics log."""
         self.ledger.event(step, event, **fields)
 
+    def request_stop(self) -> None:
+        """The driver's first Ctrl-C: training saves a checkpoint at its next step and ends there."""
+        if not self._stop_requested:
+            self._stop_requested = True
+            self.ledger.event(self.ledger.state.step, "stop_requested", reason="Ctrl-C (SIGINT) on the driver")
+
+    def stop_requested(self) -> bool:
+        """Polled by rank 0 after every step."""
+        return self._stop_requested
+
     # --- evaluations ---
 
     def poll(self) -> dict[str, int]:
@@ -127,6 +144,7 @@ class Coordinator:
     def wait_for_evals(self, timeout: float | None = None) -> dict[str, int]:
         """Block until no evaluation is pending (or `timeout` seconds pass); returns the counts."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._training_started = True  # training is over: nothing left to wait for
         self._collect()
         while self._running:
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -162,14 +180,35 @@ class Coordinator:
 
     # --- internals ---
 
-    def _launch(self, entry: EvalEntry) -> None:
+    def _pump(self) -> None:
+        """Launch queued evaluations while there are free evaluator slots."""
+        if not self._training_started:
+            return
+        t = self.ledger.config.train
+        cpus, slots = evaluator_slots(
+            self.ledger.config.eval.cpus,
+            training_cpus=t.num_workers * t.cpus_per_worker,
+            cluster_cpus=ray.cluster_resources().get("CPU", 0.0),
+        )
+        if cpus < self.ledger.config.eval.cpus and not self._shared_cpus_noted:
+            self._shared_cpus_noted = True
+            self.ledger.event(
+                self.ledger.state.step, "eval_cpus_shared", eval_cpus=self.ledger.config.eval.cpus,
+                cluster_cpus=ray.cluster_resources().get("CPU", 0.0), training_cpus=t.num_workers * t.cpus_per_worker,
+                message="the cluster has no CPU beyond the training workers' own: evaluators run one at a time on 0 "
+                "CPUs, beside training",
+            )  # fmt: skip
+        while self._queue and len(self._running) < slots:
+            self._launch(self._queue.pop(0), cpus)
+
+    def _launch(self, entry: EvalEntry, cpus: float) -> None:
         entry.launches += 1
         try:
             evaluator = IntrinsicEvaluator.options(
                 name=evaluator_name(self.run_name, entry.step, entry.launches),
                 namespace=NAMESPACE,
                 max_restarts=0,
-                **self.evaluator_options,
+                **{"num_cpus": cpus, **self.evaluator_options},
             ).remote(self.heldout_path, options_dict(self.intrinsic), None, self.downstream)
             self._running[entry.step] = (evaluator.evaluate.remote(entry.path, entry.step), evaluator)
         except (RayError, ValueError) as err:  # e.g. a name still held by a dead evaluator
@@ -177,6 +216,7 @@ class Coordinator:
 
     def _collect(self) -> None:
         """Record every finished evaluation; relaunch evaluators that died, up to MAX_EVAL_RETRIES times."""
+        self._pump()
         if not self._running:
             return
         refs = {ref: step for step, (ref, _) in self._running.items()}
@@ -188,6 +228,7 @@ class Coordinator:
             ray.kill(evaluator, no_restart=True)
         if ready:
             self.ledger.evals_finished()
+            self._pump()
 
     def _record(self, entry: EvalEntry, ref: ray.ObjectRef) -> None:
         try:
@@ -198,11 +239,24 @@ class Coordinator:
             entry.deaths += 1
             if entry.deaths <= MAX_EVAL_RETRIES:
                 self.ledger.event(entry.step, "eval_retried", deaths=entry.deaths, reason=_error_summary(err))
-                self._launch(entry)
+                self._queue.insert(0, entry)
             else:
                 self.ledger.eval_failed(entry, f"evaluator died {entry.deaths} times: {_error_summary(err)}")
         else:
             self.ledger.eval_done(entry, result)
+
+
+def evaluator_slots(eval_cpus: float, *, training_cpus: float, cluster_cpus: float) -> tuple[float, int]:
+    """(CPUs per evaluator, evaluators at once) such that evaluators never hold a CPU the training workers need.
+
+    Evaluators get eval.cpus each only from the CPUs the cluster has beyond the training workers' (all of them, so
+    that a restarted or resumed worker group always finds its CPUs), as many at once as fit there. With no such CPU
+    (or eval.cpus = 0) one evaluator at a time runs on 0 CPUs, beside training: slower, never blocking.
+    """
+    spare = cluster_cpus - training_cpus
+    if eval_cpus <= 0 or spare < eval_cpus:
+        return 0.0, 1
+    return eval_cpus, int(spare // eval_cpus)
 
 
 def run_status(run_dir: str | Path, run_name: str, *, timeout: float = 30.0) -> dict[str, Any]:

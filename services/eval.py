@@ -186,9 +186,11 @@ def evaluate_checkpoint(
     tasks are given, "tasks": {task: metrics}.
     """
     from albert_core.evaluation import read_heldout
+    from albert_core.vocabulary import check_heldout_fits
 
     task_data = task_data or {}
     check_tasks(tasks, task_data)
+    check_heldout_fits(path, heldout_path)  # a vocabulary mismatch is refused before the model loads
     started = time.time()
     model = _load(path).to(device)
     unigram = unigram_beside(heldout_path, model.config.vocab_size)

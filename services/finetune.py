@@ -8,6 +8,11 @@ cluster's resources allow), collects the results, and writes the summary:
     <output>/ensemble/    the ensemble's prediction files                                (with ensemble=True)
     <output>/summary.json median per metric, per-seed rows, ensemble metrics
     <output>/summary.md   the markdown table
+    <output>/split.json   task "custom": the files, rows per split, how dev was chosen, the classes
+
+`albert finetune` (cmd_finetune) prints each dev evaluation of a one-seed run, a line per finished seed and the
+summary table (services.finetune_console); Ctrl-C gives the partial summary and exit status 130. For
+`--task custom` the user's tables are read and checked before Ray starts (albert_core.downstream.custom_splits).
 
 `run_downstream` is what evaluation calls for `eval.tasks`; `downstream_evaluator(task)` wraps it in the
 (checkpoint_dir, data_dir) -> metrics form of `services.eval.register_downstream_task`.
@@ -32,11 +37,20 @@ if TYPE_CHECKING:
 # The same names as albert_core.finetune_config.TASKS (a test keeps them equal).
 TASKS = (
     *("cola", "stsb", "sst2", "mnli", "qnli", "qqp", "rte", "mrpc", "wnli"),
-    *("mnli-m", "mnli-mm", "squad1", "squad2", "race", "polarity"),
+    *("mnli-m", "mnli-mm", "squad1", "squad2", "race", "polarity", "custom"),
 )
 BASE_SEED = 12345
 GLUE_SEEDS = 5  # GLUE dev results are the median of 5 runs
 _RUN_FIELDS = frozenset({"task", "data_dir", "checkpoint", "seed", "overrides", "output_dir"})  # set per seed
+INTERRUPTED_EXIT = 130  # the shell's code for a command ended by SIGINT (128 + 2)
+
+
+class SeedsInterrupted(KeyboardInterrupt):
+    """Ctrl-C while seeds run as Ray tasks; `results` are the runs that had finished (in config order)."""
+
+    def __init__(self, results: list[dict[str, Any]]):
+        super().__init__(f"{len(results)} run(s) had finished")
+        self.results = results
 
 
 def default_seeds(task: str) -> int:
@@ -70,7 +84,8 @@ def seed_configs(
     """One FinetuneConfig per seed. `overrides` mixes TaskHyperparams fields (lr, batch_size, ...) and
     FinetuneConfig fields (max_steps, eval_every, patience, tokenizer, model, device, ...)."""
     from albert_core.config import AlbertConfig
-    from albert_core.finetune_config import FinetuneConfig, TaskHyperparams
+    from albert_core.downstream.custom_splits import CustomDataConfig, split_files
+    from albert_core.finetune_config import FinetuneConfig, TaskHyperparams, canonical_task
 
     hyper_fields = {f.name for f in dataclasses.fields(TaskHyperparams)}
     config_fields = {f.name for f in dataclasses.fields(FinetuneConfig)} - _RUN_FIELDS
@@ -85,6 +100,10 @@ def seed_configs(
     fields = {k: v for k, v in overrides.items() if k in config_fields}
     if isinstance(fields.get("model"), dict):
         fields["model"] = AlbertConfig.from_dict(fields["model"])
+    if isinstance(fields.get("custom"), dict):
+        fields["custom"] = CustomDataConfig(**fields["custom"])
+    if canonical_task(task) == "custom" and fields.get("custom") is None:  # data_dir: train.csv, dev.csv, ...
+        fields["custom"] = CustomDataConfig(**split_files(data_dir))
     return [
         FinetuneConfig(
             task=task,
@@ -122,8 +141,14 @@ def run_seeds(
     num_gpus: float = 0,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run each config as a Ray task of num_cpus CPUs (and num_gpus GPUs); results in config order."""
+    """Run each config as a Ray task of num_cpus CPUs (and num_gpus GPUs); results in config order.
+
+    With progress, a bar over the runs and a line per finished run. Ctrl-C cancels the runs still going and raises
+    SeedsInterrupted with the finished ones.
+    """
     import ray
+
+    from services.finetune_console import seed_line
 
     if not ray.is_initialized():
         ray.init()
@@ -132,17 +157,31 @@ def run_seeds(
     results: list[dict[str, Any] | None] = [None] * len(configs)
     bar = _bar(len(configs), progress)
     waiting = list(pending)
-    while waiting:
-        done, waiting = ray.wait(waiting, num_returns=1)
-        for ref in done:
-            result = ray.get(ref)
-            results[pending[ref]] = result
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix({result["metric"]: f"{result['dev'][result['metric']]:.4f}"})
-    if bar is not None:
-        bar.close()
+    try:
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=1)
+            for ref in done:
+                result = ray.get(ref)
+                results[pending[ref]] = result
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix({result["metric"]: f"{result['dev'][result['metric']]:.4f}"})
+                    bar.write(seed_line(result, sum(r is not None for r in results), len(configs)))
+    except KeyboardInterrupt:
+        for ref in waiting:
+            _cancel(ray, ref)
+        raise SeedsInterrupted([r for r in results if r is not None]) from None
+    finally:
+        if bar is not None:
+            bar.close()
     return results  # type: ignore[return-value]
+
+
+def _cancel(ray, ref) -> None:
+    try:
+        ray.cancel(ref)
+    except Exception:  # already finished, or the cluster is going away: nothing left to stop
+        pass
 
 
 def _bar(total: int, enabled: bool):
@@ -238,15 +277,69 @@ def downstream_evaluator(
     return evaluate
 
 
-# --- CLI handler (services.cli builds the parser) ------------------------------------------------------------
+# --- CLI handler (services.cli builds the parser; the options of --task custom are added here) ----------------
 
 
-def cmd_finetune(args: Namespace) -> int:
+def add_custom_data_arguments(parser) -> None:
+    """`albert finetune --task custom`: the user's own table files and their columns (an argument group)."""
+    group = parser.add_argument_group(
+        "your own data (--task custom)",
+        "classification (any number of classes) or regression on single texts or text pairs, from CSV, TSV, "
+        "JSONL/JSON or Parquet files with named columns",
+    )
+    group.add_argument("--train", help="the training table (.csv, .tsv, .jsonl, .json, .parquet)")
+    group.add_argument("--dev", help="the dev table (default: --dev-fraction of --train held out)")
+    group.add_argument("--test", help="a table to predict (predictions_test.csv); scored if it has the label column")
+    group.add_argument("--text-column", default="text", help="the text column (default: text)")
+    group.add_argument("--text-pair-column", help="the second text of a pair (default: single texts)")
+    group.add_argument("--label-column", default="label", help="the label column (default: label)")
+    group.add_argument("--id-column", help="names rows in the prediction files (default: the row's index)")
+    group.add_argument("--regression", action="store_true", help="labels are numbers to predict (Pearson/Spearman)")
+    group.add_argument("--dev-fraction", type=float, default=0.1, help="held out of --train without --dev (0.1)")
+    group.add_argument("--split-seed", type=int, help="seed of that held-out draw (default 12345; not --seed)")
+
+
+_CUSTOM_FLAGS = ("train", "dev", "test", "text_pair_column", "id_column", "split_seed")
+
+
+def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Path) -> str:
+    """The data argument of the configs. For --task custom (--train/--dev/--test, or --data: a folder holding
+    train.csv, dev.csv, test.csv in any table format) the files are read and checked here, before Ray starts, the
+    split written to output/split.json and the CustomDataConfig put into `overrides`."""
+    given = [f"--{k.replace('_', '-')}" for k in _CUSTOM_FLAGS if getattr(args, k, None) is not None]
+    given += ["--regression"] if getattr(args, "regression", False) else []
+    if task != "custom":
+        if given:
+            raise ValueError(f"albert finetune: {given[0]} is for --task custom; --task {task} reads --data")
+        if not args.data:
+            raise ValueError(f"albert finetune: --task {task} needs --data (the task's data folder)")
+        return args.data
+    from albert_core.downstream.custom_splits import CustomDataConfig, load_custom_splits, split_files
+
+    files = {"train": args.train, "dev": args.dev, "test": args.test}
+    if args.data:
+        if any(files.values()):
+            raise ValueError("albert finetune: --task custom reads --train/--dev/--test or --data (a folder), not both")
+        files = split_files(args.data)
+    if not files["train"]:
+        raise ValueError("albert finetune: --task custom needs --train (a .csv, .tsv, .jsonl, .json or .parquet file)")
+    names = ("text_column", "text_pair_column", "label_column", "id_column")
+    fields = files | {k: getattr(args, k) for k in names} | {"regression": args.regression}
+    fields["dev_fraction"] = args.dev_fraction
+    if args.split_seed is not None:
+        fields["split_seed"] = args.split_seed
+    custom = CustomDataConfig(**fields)
+    splits = load_custom_splits(custom)
+    print(splits.describe())
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "split.json").write_text(json.dumps(splits.record(), indent=2) + "\n")
+    overrides["custom"] = custom
+    return custom.train
+
+
+def _cli_overrides(args: Namespace) -> dict[str, Any]:
     from albert_core.config import AlbertConfig
-    from albert_core.finetune_config import canonical_task
-    from albert_core.finetuning import finetune
 
-    task = canonical_task(args.task)
     flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")
     flags += ("micro_batch_size", "tokenizer", "device", "precision")
     overrides: dict[str, Any] = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
@@ -263,33 +356,81 @@ def cmd_finetune(args: Namespace) -> int:
         overrides["model"] = AlbertConfig.preset(args.preset, vocab_size=vocab)
     elif not args.checkpoint:
         raise ValueError("albert finetune: --checkpoint (a pretrained model directory) or --preset is required")
+    return overrides
+
+
+def cmd_finetune(args: Namespace) -> int:
+    """`albert finetune`: one run in this process (a step progress bar), or seeds as Ray tasks; the summary table,
+    or after Ctrl-C the partial summary and exit status INTERRUPTED_EXIT."""
+    from albert_core.finetune_config import canonical_task
+    from services.finetune_console import print_summary
+
+    task = canonical_task(args.task)
     seeds = args.seeds if args.seeds is not None else default_seeds(task)
+    seed_values = [args.seed + i for i in range(seeds)]
     output = Path(args.output or Path("runs") / "finetune" / task)
-
-    if seeds == 1 and not args.ensemble:  # one run: in this process, with a step progress bar
-        (config,) = seed_configs(
-            task, args.checkpoint, args.data, seeds=[args.seed], overrides=overrides, output_dir=output
-        )
-        config.progress = True
-        summarize([finetune(config)], output)
-    else:
-        if args.address:
-            import ray
-
-            ray.init(address=args.address)
-        seed_values = [args.seed + i for i in range(seeds)]
-        run_downstream(
-            task,
-            args.checkpoint,
-            args.data,
-            seeds=seed_values,
-            overrides=overrides,
-            output_dir=output,
-            ensemble=args.ensemble,
-            num_cpus=args.cpus_per_run,
-            num_gpus=args.gpus_per_run,
-            progress=True,
-        )
-    print((output / "summary.md").read_text())
-    print(f"wrote {output / 'summary.json'}")
+    try:
+        summary = _finetune_from_cli(args, task, seed_values, output)
+    except KeyboardInterrupt as interrupted:
+        return report_interrupted(interrupted, task, seed_values, output)
+    print_summary(summary, output)
     return 0
+
+
+def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], output: Path) -> dict[str, Any]:
+    from albert_core.finetuning import finetune
+
+    overrides = _cli_overrides(args)
+    data = _task_data(args, task, overrides, output)
+    configs = seed_configs(task, args.checkpoint, data, seeds=seed_values, overrides=overrides, output_dir=output)
+    configs[0].tokenizer_path()  # a missing or mismatched tokenizer is an error now, not in every run
+    if len(configs) == 1 and not args.ensemble:  # one run: in this process, with a step progress bar
+        configs[0].progress = True
+        result = finetune(configs[0])
+        return summarize([result], output) | {"results": [result]}
+    if args.address:
+        import ray
+
+        ray.init(address=args.address)
+    return run_downstream(
+        task,
+        args.checkpoint,
+        data,
+        seeds=seed_values,
+        overrides=overrides,
+        output_dir=output,
+        ensemble=args.ensemble,
+        num_cpus=args.cpus_per_run,
+        num_gpus=args.gpus_per_run,
+        progress=True,
+    )
+
+
+def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequence[int], output: Path) -> int:
+    """After Ctrl-C: summarize the runs that finished, a line per run that did not (its best dev evaluation so
+    far), summary.json marked interrupted; returns INTERRUPTED_EXIT."""
+    from albert_core.finetuning import json_safe
+    from services.finetune_console import print_interrupted, run_log, unfinished_line
+
+    finished = list(getattr(interrupted, "results", []))  # SeedsInterrupted: the Ray runs that finished
+    partial = getattr(interrupted, "result", None)  # FinetuneInterrupted: the in-process run so far
+    metric = (partial or (finished[0] if finished else {})).get("metric")
+    done = {r["seed"] for r in finished}
+    unfinished = []
+    for seed in (s for s in seeds if s not in done):
+        if partial is not None and partial["seed"] == seed:
+            line = unfinished_line(seed, partial["history"], metric, partial["hyperparams"]["train_steps"])
+        else:
+            line = unfinished_line(seed, run_log(output / f"seed_{seed}"), metric, None)
+        unfinished.append(line)
+    summary = summarize(finished, output) | {"results": finished} if finished else None
+    record = dict(summary or {"task": task, "runs": 0})
+    record.pop("results", None)
+    record.update(interrupted=True, planned_seeds=list(seeds), unfinished=unfinished)
+    wrote = output.is_dir()
+    if wrote:
+        (output / "summary.json").write_text(json.dumps(json_safe(record), indent=2) + "\n")
+        if summary is None:
+            (output / "summary.md").write_text(f"# {task}: interrupted before any run finished\n")
+    print_interrupted(summary, unfinished, len(seeds), output, wrote)
+    return INTERRUPTED_EXIT

@@ -180,7 +180,7 @@ class RunLedger:
             return
         if last is not None and step <= last.step:  # training resumed from an earlier checkpoint
             dropped = run_log.drop_train_lines_from(self.run_dir, step)
-            self.event(step, "resumed", previous_step=last.step, train_lines_dropped=dropped)
+            self.event(step, "train_lines_replaced", previous_step=last.step, train_lines_dropped=dropped)
         run_log.append(self.run_dir, {"step": step, "time": time.time(), "kind": "train", **metrics})
         self.state.last_train = TrainLine(step, metrics)
         self.state.step = step

@@ -49,6 +49,8 @@ def pretrain(config: RunConfig, *, address: str | None = None, resume: bool = Tr
     coordinator = get_or_create_coordinator(run_dir, config.run.name, config.to_dict())
     with LiveView(run_dir, config.optim.total_steps, progress=progress):
         result = run_pretraining(config, resume=resume, coordinator_name=coordinator_name(config.run.name))
+        if result.interrupted:  # Ctrl-C: its evaluations stay pending, the resumed run's coordinator runs them
+            return result
         counts = ray.get(coordinator.wait_for_evals.remote(timeout=1800))
     log.info("evaluations: %s", counts)
     report = write_report(run_dir, title=f"albert pretraining run {config.run.name}")

@@ -104,6 +104,9 @@ class TrainSection:
     max_rollbacks: int = 3
     # The coordinator reports a `stalled` event when no step has been reported for this long (0: never).
     stall_seconds: float = 900.0
+    # How long the driver waits for Ray to place all num_workers workers (each start and restart) before it fails
+    # with a message naming the resources missing. Raise it on clusters that autoscale new nodes.
+    startup_timeout_s: float = 180.0
 
     @property
     def accumulation(self) -> int:
@@ -252,6 +255,8 @@ def _check_train(t: TrainSection) -> None:
             raise ConfigError(f"train.{name}: expected a number >= 0 (0: off), got {getattr(t, name)}")
     if t.dropout_removal_step < 0:
         raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
+    if not 0 < t.startup_timeout_s < math.inf:
+        raise ConfigError(f"train.startup_timeout_s: expected seconds > 0, got {t.startup_timeout_s}")
 
 
 def _check_optim(o: OptimSection) -> None:

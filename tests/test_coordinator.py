@@ -198,7 +198,9 @@ def test_a_resumed_run_replaces_the_train_lines_from_its_resume_step(make_run):
     run.call("report", 20, {"loss": 0.9})  # resumed from the checkpoint at step 10
     train = [(line["step"], line["loss"]) for line in metrics_lines(run.dir) if line["kind"] == "train"]
     assert train == [(10, 1.0), (20, 0.9)]
-    assert [(e["previous_step"], e["train_lines_dropped"]) for e in events(run.dir, "resumed")] == [(30, 2)]
+    assert [(e["previous_step"], e["train_lines_dropped"]) for e in events(run.dir, "train_lines_replaced")] == [
+        (30, 2)
+    ]
 
 
 def test_dropout_removal_at_the_configured_step_is_an_event(make_run):
@@ -316,6 +318,24 @@ def test_evaluators_of_eval_cpus_0_run_while_training_holds_every_cpu_and_those_
     finally:
         ray.kill(holder, no_restart=True)
     assert waiting.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}  # once the CPUs are free
+
+
+def test_a_reopened_coordinator_relaunches_pending_evaluations_only_once_training_reports(make_run):
+    """A resumed run's evaluations left pending must not take the CPUs its workers are about to ask for."""
+    run = make_run(eval={"every_steps": 100}, train={"num_workers": 2, "global_batch_size": 64})
+    run.call("checkpoint_saved", 100, run.checkpoint(100))
+    ray.kill(run.actor, no_restart=True)  # the driver's Ctrl-C: the coordinator goes, its evaluation stays pending
+    ray.kill(evaluator_handle(run.name, 100, launch=1), no_restart=True)
+    run.actor = get_or_create_coordinator(run.dir, run.name, run.config)
+    assert run.call("status")["evals"]["pending"] == [100]
+    holder = CpuHolder.options(num_cpus=2).remote()  # the resumed run's 2 training workers
+    try:
+        ray.get(holder.ready.remote(), timeout=60)
+        run.call("report", 110, {"loss": 1.0})  # training has its workers: now the evaluation may run, beside it
+        assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    finally:
+        ray.kill(holder, no_restart=True)
+    assert events(run.dir, "eval_cpus_shared")[0]["training_cpus"] == 2
 
 
 def test_the_checkpoint_at_total_steps_is_evaluated_off_the_schedule(make_run):

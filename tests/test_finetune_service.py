@@ -166,7 +166,7 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
-def test_cli_single_seed_runs_in_process_and_writes_the_summary(tmp_path, tok_dir, sst2, capsys):
+def test_cli_single_seed_runs_in_process_writes_the_summary_and_prints_its_dev_metrics(tmp_path, tok_dir, sst2, capsys):
     args = parser().parse_args(
         ["finetune", "--task", "sst2", "--data", str(sst2), "--preset", "albert-tiny", "--tokenizer", str(tok_dir)]
         + ["--seeds", "1", "--max-steps", "2", "--max-seq-length", "32", "--batch-size", "4", "--eval-every", "0"]
@@ -176,7 +176,12 @@ def test_cli_single_seed_runs_in_process_and_writes_the_summary(tmp_path, tok_di
     summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
     assert summary["seeds"] == [3] and summary["runs"] == 1
     assert json.loads((tmp_path / "cli" / "seed_3" / "result.json").read_text())["steps"] == 2
-    assert "| **median** |" in capsys.readouterr().out
+    assert "| **median** |" in (tmp_path / "cli" / "summary.md").read_text()
+    printed = capsys.readouterr().out
+    assert f"step 2/2  dev acc {summary['median']['acc']:.4f}" in printed  # each dev evaluation, as it happens
+    table = printed[printed.index("sst2: dev metrics (x100), 1 run (primary: acc)") :].splitlines()
+    assert table[2].split()[:2] == ["3", f"{100 * summary['median']['acc']:.2f}"]
+    assert table[3].split() == ["median", f"{100 * summary['median']['acc']:.2f}"]
 
 
 def test_cli_refuses_to_run_without_a_checkpoint_or_preset(tmp_path, sst2):

@@ -257,3 +257,39 @@ def test_race_accuracy_is_nan_for_an_absent_level():
 def test_race_accuracy_rejects_unknown_level():
     with pytest.raises(ValueError, match="unknown RACE level"):
         M.race_accuracy([1], [1], ["college"])
+
+
+# ----------------------------------------------------------------------------- the user's own data
+
+
+def test_f1_macro_hand_case_averages_each_class_f1():
+    # labels [0,0,1,2,2] preds [0,1,1,2,0]: class 0 tp1 fp1 fn1 -> 1/2; class 1 tp1 fp1 fn0 -> 2/3;
+    # class 2 tp1 fp0 fn1 -> 2/3; mean (1/2 + 2/3 + 2/3) / 3 = 11/18
+    assert M.f1_macro([0, 1, 1, 2, 0], [0, 0, 1, 2, 2]) == pytest.approx(11 / 18)
+
+
+def test_f1_macro_counts_a_class_that_is_only_predicted():
+    # class 1 never in the labels but predicted once: its F1 is 0 and it is averaged in (scikit-learn's rule)
+    # class 0: tp 2, fn 1 -> 4/5; class 1: fp 1 -> 0; mean 0.4
+    assert M.f1_macro([0, 0, 1], [0, 0, 0]) == pytest.approx(0.4)
+
+
+def test_classification_metrics_agree_with_sklearn_on_five_classes():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 5, 300)
+    preds = np.where(rng.random(300) < 0.6, labels, rng.integers(0, 5, 300))
+    ours = M.classification_metrics(preds, labels)
+    assert ours["acc"] == pytest.approx(sklearn_metrics.accuracy_score(labels, preds))
+    assert ours["macro_f1"] == pytest.approx(sklearn_metrics.f1_score(labels, preds, average="macro"))
+    assert ours["mcc"] == pytest.approx(sklearn_metrics.matthews_corrcoef(labels, preds))
+
+
+def test_regression_metrics_agree_with_scipy_with_ties():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 6, 200).astype(float)  # many ties
+    preds = labels * 0.5 + rng.normal(0, 1, 200)
+    ours = M.regression_metrics(preds, labels)
+    assert ours["pearson"] == pytest.approx(stats.pearsonr(preds, labels)[0])
+    assert ours["spearman"] == pytest.approx(stats.spearmanr(preds, labels)[0])

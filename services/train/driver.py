@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from albert_core.config import ConfigError
+from services.interrupt import run_interruptibly
 from services.run_config import RunConfig
 from services.run_log import METRICS_FILE, read_metrics
 from services.train.plan import (
@@ -24,6 +26,8 @@ from services.train.plan import (
 from services.train.state import latest_good, list_checkpoints, read_trainer_json
 from services.train.worker import STOP_ENV, TRACE_ENV, train_loop_per_worker
 
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train's wait for a worker group to be placed
+
 
 @dataclass
 class TrainResult:
@@ -33,7 +37,8 @@ class TrainResult:
     metrics: dict[str, float]  # reported at that step
     metrics_file: Path
     finished: bool = False  # the run reached optim.total_steps or spent train.max_seconds
-    stopped: str | None = None  # why the run ended early (a divergence under train.on_divergence = "stop")
+    stopped: str | None = None  # why the run ended early (a divergence under on_divergence = "stop", a Ctrl-C)
+    interrupted: bool = False  # it ended early because the driver asked it to (the first Ctrl-C)
 
 
 def run_pretraining(
@@ -108,7 +113,12 @@ def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coord
 
 
 def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
-    """One TorchTrainer over the plan's workers (restarted by Ray up to train.max_failures times)."""
+    """One TorchTrainer over the plan's workers (restarted by Ray up to train.max_failures times).
+
+    The first Ctrl-C asks the workers, through the run's coordinator, to checkpoint at their next step and end;
+    a second one stops at once (services.interrupt). Workers Ray cannot place within train.startup_timeout_s
+    fail the run with a message naming the resources missing, instead of a silent retry loop.
+    """
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -132,12 +142,42 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
         run_config=ray.train.RunConfig(
             name=plan.run.run.name,
             storage_path=str(Path(plan.run_dir) / "ray"),
-            failure_config=ray.train.FailureConfig(max_failures=t.max_failures),
+            # controller_failure_limit=0: a worker group that cannot be placed in time fails the run (below)
+            failure_config=ray.train.FailureConfig(max_failures=t.max_failures, controller_failure_limit=0),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=t.keep_last),
             callbacks=callbacks,
         ),
     )
-    trainer.fit()
+    os.environ[START_TIMEOUT_ENV] = str(t.startup_timeout_s)  # passed on to the trainer's controller actor
+    stop = functools.partial(request_stop, plan.coordinator) if plan.coordinator else None
+    try:
+        run_interruptibly(trainer.fit, graceful_stop=stop, what=f"run {plan.run.run.name}")
+    except ray.train.ControllerError as err:
+        if "WorkerGroupStartupTimeoutError" not in type(err.controller_failure).__name__:
+            raise
+        raise ConfigError(workers_missing(t, resources, t.startup_timeout_s)) from None
+
+
+def request_stop(coordinator: str) -> None:
+    import ray
+
+    from services import RAY_NAMESPACE
+
+    ray.get_actor(coordinator, namespace=RAY_NAMESPACE).request_stop.remote()
+
+
+def workers_missing(t, resources: dict[str, float], timeout: float) -> str:
+    """The startup failure, with what the workers need against what the cluster has."""
+    import ray
+
+    need = {k: v * t.num_workers for k, v in resources.items()}
+    total, free = ray.cluster_resources(), ray.available_resources()
+    have = ", ".join(f"{k} {total.get(k, 0):g} ({free.get(k, 0):g} free)" for k in need)
+    return (
+        f"train.num_workers: Ray could not place {t.num_workers} workers of {resources} (in all {need}) within "
+        f"{timeout:g} s; the cluster has {have}. Free or add those resources, lower train.num_workers, or raise "
+        "train.startup_timeout_s if the cluster is still scaling up"
+    )
 
 
 def result_of(config: RunConfig) -> TrainResult:
@@ -149,14 +189,17 @@ def result_of(config: RunConfig) -> TrainResult:
         step, metrics, seconds = state["step"], state["metrics"], state.get("train_seconds", 0.0)
     t = config.train
     finished = step >= config.optim.total_steps or bool(t.max_seconds and seconds >= t.max_seconds)
-    stopped = stop_reason(run_dir, after_step=step) if not finished else None
-    return TrainResult(run_dir, step, final, metrics, run_dir / METRICS_FILE, finished, stopped)
+    stopped, interrupted = stop_reason(run_dir, after_step=step) if not finished else (None, False)
+    return TrainResult(run_dir, step, final, metrics, run_dir / METRICS_FILE, finished, stopped, interrupted)
 
 
-def stop_reason(run_dir: Path, *, after_step: int) -> str | None:
-    """Why a run stopped short: its latest divergence event that ended training past its last checkpoint."""
+def stop_reason(run_dir: Path, *, after_step: int) -> tuple[str | None, bool]:
+    """Why a run stopped short, and whether on request: its latest divergence event that ended training past its
+    last checkpoint, or the stop the driver asked for at that checkpoint."""
     for record in reversed(read_metrics(run_dir)):
+        if record.get("event") == "stopped" and record["step"] == after_step:
+            return f"{record['reason']}; resume with the same command", True
         if record.get("event") == "divergence" and str(record.get("action", "")).startswith("stopped"):
             if record["step"] > after_step:
-                return f"{record['message']}; {record['action']}. Remedy: {record['remedy']}"
-    return None
+                return f"{record['message']}; {record['action']}. Remedy: {record['remedy']}", False
+    return None, False

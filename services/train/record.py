@@ -1,6 +1,6 @@
 """Where rank 0 keeps the run's record: the run's coordinator actor when it has one, else a ledger of its own.
 
-Both answer the same four calls, so the worker loop does not care which it has.
+Both answer the same calls, so the worker loop does not care which it has.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ class RunRecord(Protocol):
         """Append a run event; it is in the metrics log when this returns."""
         ...
 
+    def stop_requested(self) -> bool:
+        """Whether the driver asked training to stop (its first Ctrl-C); called after every step, never blocks."""
+        ...
+
 
 class LedgerRecord:
     """A run without a coordinator: rank 0 holds the ledger (index, retention, metrics log); no evaluations."""
@@ -41,6 +45,9 @@ class LedgerRecord:
     def event(self, step: int, event: str, **fields: Any) -> None:
         self.ledger.event(step, event, **fields)
 
+    def stop_requested(self) -> bool:
+        return False  # no driver-side coordinator to ask
+
 
 class CoordinatorRecord:
     """The run's coordinator actor; reports and checkpoint notices are sent without waiting for an answer."""
@@ -51,6 +58,8 @@ class CoordinatorRecord:
         from services import RAY_NAMESPACE
 
         self.actor = ray.get_actor(name, namespace=RAY_NAMESPACE)
+        self._stop_poll = None  # the answer of the last stop_requested call, while it is on its way
+        self._stopped = False
 
     def latest_good_checkpoint(self) -> str | None:
         import ray
@@ -67,6 +76,20 @@ class CoordinatorRecord:
         import ray
 
         ray.get(self.actor.event.remote(step, event, fields))
+
+    def stop_requested(self) -> bool:
+        """One call in flight at a time; a step reads its answer only when it has arrived."""
+        import ray
+
+        if self._stopped:
+            return True
+        if self._stop_poll is not None:
+            ready, _ = ray.wait([self._stop_poll], timeout=0)
+            if not ready:
+                return False
+            self._stopped = bool(ray.get(self._stop_poll))
+        self._stop_poll = None if self._stopped else self.actor.stop_requested.remote()
+        return self._stopped
 
 
 def open_record(plan: WorkerPlan) -> RunRecord:

@@ -142,6 +142,10 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
     )
     if choice:
         state = worker.backend.load(choice, model, optimizer, scheduler)
+        if worker.record is not None:
+            worker.record.event(
+                state.step, "resumed", checkpoint=choice, workers=worker.world, written_by_workers=state.world_size
+            )
         if (state.world_size, state.micro_batch_size) != (worker.world, t.micro_batch_size):
             log.warning(
                 "%s: written by %d workers x micro-batch %d, resumed by %d x %d; the data position carries over",
@@ -224,22 +228,33 @@ def advance(worker: Worker, state: TrainerState, stats: StepStats) -> None:
 
 
 class Clock:
-    """The run's training time (summed over resumes) against train.max_seconds; rank 0's clock decides."""
+    """The run's training time (summed over resumes) against train.max_seconds, and the driver's stop request.
+
+    Rank 0 decides both, so that every worker ends at the same step: one tiny broadcast per step, made only when
+    there is something to decide (a budget, or a coordinator the driver can ask to stop through).
+    """
 
     def __init__(self, worker: Worker, state: TrainerState):
         self.worker = worker
         self.started, self.before = time.perf_counter(), state.train_seconds
+        self.decides = bool(worker.plan.run.train.max_seconds) or worker.plan.coordinator is not None
 
     @staticmethod
     def spent(train, state: TrainerState) -> bool:
         return bool(train.max_seconds) and state.train_seconds >= train.max_seconds
 
-    def tick(self, state: TrainerState) -> bool:
-        """Update state.train_seconds; True on every worker once the budget is spent."""
+    def tick(self, state: TrainerState) -> str | None:
+        """Update state.train_seconds; "budget" or "requested" on every worker when the run ends at this step."""
         state.train_seconds = self.before + time.perf_counter() - self.started
-        if not self.worker.plan.run.train.max_seconds:
-            return False
-        return _rank0_decides(self.spent(self.worker.plan.run.train, state), self.worker.distributed)
+        if not self.decides:
+            return None
+        reason = 0
+        if self.worker.record is not None:  # rank 0
+            if self.spent(self.worker.plan.run.train, state):
+                reason = 1
+            elif self.worker.record.stop_requested():
+                reason = 2
+        return {0: None, 1: "budget", 2: "requested"}[_rank0_decides(reason, self.worker.distributed)]
 
 
 def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState, stats: StepStats, clock):
@@ -248,9 +263,9 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
     import ray.train
 
     t, step = worker.plan.run.train, state.step
-    out_of_time = clock.tick(state)
-    is_last = step == worker.plan.run.optim.total_steps or out_of_time
-    save = step % t.checkpoint_every == 0 or is_last
+    ends = clock.tick(state)
+    is_last = step == worker.plan.run.optim.total_steps or ends == "budget"
+    save = step % t.checkpoint_every == 0 or is_last or ends is not None
     if step % t.log_every == 0 or save:
         metrics = _metrics(worker, stats, state)
         diverged = divergence(step, metrics["loss"], metrics["grad_norm"], worker.recent_losses, t.divergence_factor)
@@ -272,10 +287,11 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
             ray.train.report(metrics)
     if worker.plan.stop_after_step == step and step > worker.started_at:
         raise SimulatedCrash(f"{STOP_ENV}={step}: stopping after step {step} to simulate a crash")
-    if out_of_time:
+    if ends == "budget":
         log.info("train.max_seconds=%s spent at step %d: the run ends here", t.max_seconds, step)
-        return True
-    return None
+    elif ends == "requested" and worker.record is not None:
+        worker.record.event(step, "stopped", reason="stop requested on the driver (Ctrl-C)", checkpoint_step=step)
+    return True if ends is not None else None
 
 
 def roll_back(worker: Worker, model, optimizer, scheduler, state: TrainerState, diverged: Finding):
@@ -334,16 +350,16 @@ def _metrics(worker: Worker, stats: StepStats, state: TrainerState) -> dict[str,
     return metrics
 
 
-def _rank0_decides(flag: bool, distributed: bool) -> bool:
-    """Rank 0's flag on every worker (one tiny broadcast), so that all of them stop at the same step."""
+def _rank0_decides(value: int, distributed: bool) -> int:
+    """Rank 0's value on every worker (one tiny broadcast), so that all of them stop at the same step."""
     if not distributed:
-        return flag
+        return value
     import torch.distributed as dist
 
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    decision = torch.tensor([int(flag)], device=device)
+    decision = torch.tensor([int(value)], device=device)
     dist.broadcast(decision, src=0)
-    return bool(decision.item())
+    return int(decision.item())
 
 
 def trace_step(path: Path, *, step: int, epoch: int, rank: int, rows) -> None:

@@ -1,0 +1,180 @@
+"""Ctrl-C and resume, as a user at a terminal does them: `albert pretrain` in its own session, SIGINT sent to its
+whole process group (what a terminal's Ctrl-C does), then the same command again.
+
+The scenario that used to hang: a run stopped while an evaluation was pending, resumed with 2 training workers on
+a 2-CPU machine and eval.cpus = 1. The relaunched evaluator took a CPU before the workers started, so they never
+did, and Ctrl-C no longer stopped anything. Real Ray (embedded, started by the CLI), real training, real files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from albert_core.config import ConfigError
+from services.coordinator import evaluator_slots
+from tests.test_faults import shards  # noqa: F401  (the module fixture: 4 shard files and held-out documents)
+from tests.test_train import MODEL, SEQ, run_config
+
+pytestmark = [pytest.mark.ray]
+
+ALBERT = str(Path(sys.executable).with_name("albert"))
+
+
+def write_recipe(path: Path, shards_dir: Path, runs: Path) -> Path:
+    model = ", ".join(f"{k} = {v}" for k, v in MODEL.items())
+    path.write_text(
+        f"""
+[run]
+name = "ctrl-c"
+output_dir = "{runs}"
+seed = 7
+[model]
+preset = "albert-tiny"
+overrides = {{ vocab_size = 0, {model} }}
+[data]
+shards = "{shards_dir}"
+max_seq_length = {SEQ}
+[optim]
+lr = 0.01
+warmup_steps = 2
+total_steps = 5000
+[train]
+global_batch_size = 16
+micro_batch_size = 4
+num_workers = 2
+log_every = 2
+checkpoint_every = 4
+keep_last = 3
+[eval]
+every_steps = 4
+batch_size = 8
+heldout_batches = 2
+cpus = 1
+"""
+    )
+    return path
+
+
+class Terminal:
+    """`albert pretrain` as a terminal runs it: its own session, Ctrl-C to the whole process group."""
+
+    def __init__(self, recipe: Path, run_dir: Path, *extra: str):
+        self.run_dir = run_dir
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.log = (run_dir.parent / f"console-{time.time_ns()}.log").open("w")
+        args = [ALBERT, "pretrain", "--config", str(recipe), "--no-progress", *extra]
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        env.pop("RAY_ADDRESS", None)
+        self.process = subprocess.Popen(
+            args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.process.pid, signal.SIGINT)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise AssertionError(
+                f"albert pretrain did not exit within {timeout} s:\n{self.console()[-3000:]}"
+            ) from None
+
+    def console(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def wait_for_step_past(self, step: int, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"albert pretrain exited {self.process.returncode}:\n{self.console()[-3000:]}")
+            newest = max(checkpoint_steps(self.run_dir), default=0)
+            if newest > step:
+                return newest
+            time.sleep(0.2)
+        self.process.kill()
+        raise AssertionError(f"no checkpoint past step {step} within {timeout} s:\n{self.console()[-3000:]}")
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return [int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*")]
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if line.get("event") == name]
+
+
+def test_ctrl_c_checkpoints_and_stops_and_a_resume_with_a_pending_evaluation_trains_on(tmp_path, shards):  # noqa: F811
+    recipe = write_recipe(tmp_path / "recipe.toml", shards, tmp_path / "runs")
+    run_dir = tmp_path / "runs" / "ctrl-c"
+
+    first = Terminal(recipe, run_dir)
+    first.wait_for_step_past(8, timeout=240)
+    first.ctrl_c()
+    assert first.wait(timeout=90) == 130
+    stopped = events(run_dir, "stopped")
+    assert len(stopped) == 1 and stopped[0]["checkpoint_step"] == max(checkpoint_steps(run_dir))
+    assert f"stopped at step {stopped[0]['step']}" in first.console()
+    assert "Traceback" not in first.console()
+
+    # The resumed run: evaluations were left pending; its 2 workers must get the 2 CPUs all the same.
+    second = Terminal(recipe, run_dir)
+    second.wait_for_step_past(stopped[0]["step"] + 4, timeout=240)
+    resumed = events(run_dir, "resumed")
+    assert [(e["step"], e["workers"]) for e in resumed] == [(stopped[0]["step"], 2)]
+    second.ctrl_c()
+    time.sleep(0.5)
+    second.ctrl_c()  # the second Ctrl-C: at once
+    assert second.wait(timeout=60) == 130
+    assert "stopped at once" in second.console()
+
+    # One worker instead of two: the same data position, a resumed event that says so.
+    third = Terminal(recipe, run_dir, "--set", "train.num_workers=1")
+    start = max(checkpoint_steps(run_dir))
+    third.wait_for_step_past(start, timeout=240)
+    third.ctrl_c()
+    assert third.wait(timeout=90) == 130
+    last = events(run_dir, "resumed")[-1]
+    assert (last["workers"], last["written_by_workers"]) == (1, 2)
+    assert "Traceback" not in third.console()
+
+
+def test_workers_ray_cannot_place_fail_within_the_startup_timeout_naming_what_is_missing(
+    ray_local,
+    tmp_path,
+    shards,  # noqa: F811
+):
+    from services.train import run_pretraining
+
+    config = run_config(tmp_path, shards, "too-many-workers", num_workers=3, global_batch_size=12, startup_timeout_s=5)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"could not place 3 workers .* the cluster has CPU 2"):
+        run_pretraining(config)
+    assert time.monotonic() - started < 90
+
+
+@pytest.mark.parametrize(
+    ("eval_cpus", "training", "cluster", "expected"),
+    [
+        (1, 2, 2, (0.0, 1)),  # no spare CPU: one evaluator at a time, on none
+        (1, 1, 2, (1, 1)),
+        (1, 2, 8, (1, 6)),
+        (2, 4, 7, (2, 1)),
+        (0, 1, 8, (0.0, 1)),  # eval.cpus = 0: beside training, one at a time
+        (4, 4, 6, (0.0, 1)),  # spare 2 < 4
+    ],
+)
+def test_evaluators_hold_only_cpus_beyond_the_training_workers(eval_cpus, training, cluster, expected):
+    assert evaluator_slots(eval_cpus, training_cpus=training, cluster_cpus=cluster) == expected
