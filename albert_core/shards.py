@@ -91,6 +91,13 @@ class ShardsManifest:
         return size if isinstance(size, int) and not isinstance(size, bool) else None
 
     @property
+    def max_seq_length(self) -> int | None:
+        """The --max-seq-length the shards were preprocessed with (the manifest's config), or None."""
+        config = self.data.get("config")
+        length = config.get("max_seq_length") if isinstance(config, dict) else None
+        return length if isinstance(length, int) and not isinstance(length, bool) else None
+
+    @property
     def tokenizer_sha256(self) -> str | None:
         """The sha256 of the tokenizer model the manifest records (services/preprocess writes it), or None."""
         digest = self._tokenizer_entry.get("sha256")

@@ -5,6 +5,7 @@
 #
 #   bash scripts/local_cluster.sh start     # prints the job server address and what to export
 #   bash scripts/local_cluster.sh status
+#   eval "$(bash scripts/local_cluster.sh env)"   # RAY_ADDRESS, RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH for its clients
 #   bash scripts/local_cluster.sh stop      # stops only the nodes this script started (by their pids)
 #
 # Settings (environment): ALBERT_WORKERS (2), ALBERT_HEAD_CPUS (1), ALBERT_WORKER_CPUS (1),
@@ -95,12 +96,15 @@ cmd_start() {
     cat <<EOF
 
 Job server: $ADDRESS  (dashboard in a browser: the same URL; it asks for the token)
-Use it from this machine:
-  export RAY_ADDRESS=$ADDRESS RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$TOKEN_FILE
+Use it from this machine (deploy.md, "Try it locally first"):
+  eval "\$(bash scripts/local_cluster.sh env)"    # that is: export RAY_ADDRESS=$ADDRESS RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$TOKEN_FILE
   albert submit model info --wait
-  albert submit pretrain --config configs/tiny.toml --wait
   albert jobs list
 EOF
+}
+
+cmd_env() { # the client settings of this cluster, as shell exports (eval them)
+    echo "export RAY_ADDRESS=$ADDRESS RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$TOKEN_FILE"
 }
 
 ours() { # pids of the processes whose command line names this cluster's directory (its nodes' children)
@@ -171,8 +175,9 @@ case "${1:-}" in
 start) cmd_start ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
+env) cmd_env ;;
 *)
-    echo "usage: $0 start|stop|status" >&2
+    echo "usage: $0 start|stop|status|env" >&2
     exit 2
     ;;
 esac

@@ -1,7 +1,8 @@
 """`albert`: the one command-line entry point. Each subcommand parses its flags and calls one function.
 
-Every subcommand's options are defined here. Handlers that are only CLI glue are here too; the others are the
-`cmd_*` functions of their service (services.preprocess, services.finetune, services.analyze, services.experiment).
+Every subcommand's options are defined here, except `albert submit` / `albert jobs` (services.jobs_cli). Handlers
+that are only CLI glue are here too; the others are the `cmd_*` functions of their service (services.preprocess,
+services.finetune, services.analyze, services.experiment).
 Heavy imports (torch, ray) happen inside the handlers so `albert --help` is instant.
 """
 
@@ -9,9 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
+import os
 import sys
-import time
 from pathlib import Path
 
 DEFAULT_CACHE = Path(".cache/albert")
@@ -80,7 +80,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 # --- pretraining, status, evaluation ----------------------------------------------------------------------
 
 
-def _parse_sets(pairs: list[str]) -> dict[str, object]:
+def parse_sets(pairs: list[str]) -> dict[str, object]:
     """`--set section.field=value` (value parsed as TOML: 3, 0.1, true, "text", [1, 2])."""
     import tomllib
 
@@ -101,7 +101,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from services.pipeline import pretrain
     from services.run_config import RunConfig
 
-    overrides = _parse_sets(args.set)
+    overrides = parse_sets(args.set)
     if args.resume:
         run_dir = Path(args.resume)
         overrides.update({"run.name": run_dir.name, "run.output_dir": str(run_dir.parent)})
@@ -123,10 +123,24 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from services.coordinator import read_status, run_status
+    """From the run directory ("live" while its coordinator's heartbeat is fresh). --address: a job server URL
+    (http://host:8265, the one `albert submit` takes) adds the cluster's running jobs; a Ray address
+    (host:6379, ray://..., auto) asks the live coordinator itself."""
+    from services.coordinator import STATE_FILE, read_status, run_status
 
     run_dir = Path(args.run)
-    if args.address:
+    if args.address and args.address.startswith(("http://", "https://")):
+        from services.jobs import list_jobs
+
+        if not (run_dir / STATE_FILE).is_file():
+            raise FileNotFoundError(
+                f"{run_dir}: no run directory here; if it is only on the cluster, ask there: "
+                f"albert submit status {args.run} --wait"
+            )
+        status = read_status(run_dir)
+        running = [r for r in list_jobs(address=args.address) if r.status in ("PENDING", "RUNNING")]
+        status["cluster_jobs"] = [{"job_id": r.job_id, "status": r.status, "entrypoint": r.entrypoint} for r in running]
+    elif args.address:
         from services.pipeline import connect
 
         connect(args.address)
@@ -151,97 +165,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from services.pipeline import run_demo
 
     paths = run_demo(cache=Path(args.cache), vocab_size=args.vocab_size, progress=not args.no_progress)
+    if paths.train is not None and paths.train.stopped:
+        print(f"albert: demo stopped at step {paths.train.step}: {paths.train.stopped}", file=sys.stderr)
+        return 130 if paths.train.interrupted else 3
     print(f"demo finished: {paths.run_dir / 'report.md'}")
-    return 0
-
-
-# --- cluster jobs (services.jobs) -------------------------------------------------------------------------
-
-
-def _connection(args: argparse.Namespace) -> dict[str, object]:
-    return {"address": args.address, "token_file": args.token_file, "allow_insecure": args.allow_insecure_http}
-
-
-def _parse_env(pairs: list[str]) -> dict[str, str]:
-    from services.jobs import JobsError
-
-    env = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise JobsError(f"--env {pair!r}: expected KEY=VALUE")
-        env[key] = value
-    return env
-
-
-def cmd_submit(args: argparse.Namespace) -> int:
-    from services.jobs import job_logs, job_status, split_submit_args, submit
-
-    own, job_args = split_submit_args(args.args)
-    late = _late_submit_options().parse_args(own)
-    if "env" in late:
-        args.env = [*args.env, *late.env]
-    for key, value in vars(late).items():
-        if key != "env":
-            setattr(args, key, value)
-    extra = {"env_vars": _parse_env(args.env)} if args.env else None
-    job_id = submit(args.kind, job_args, working_dir=args.working_dir, runtime_env=extra, **_connection(args))
-    print(f"submitted {job_id}: albert {shlex.join([args.kind, *job_args])}")
-    if not args.wait:
-        print(f"follow it with: albert jobs logs {job_id} --follow")
-        return 0
-    job_logs(job_id, follow=True, **_connection(args))
-    record = job_status(job_id, **_connection(args))
-    print(f"{job_id} {record.status}" + (f": {record.message}" if record.message else ""))
-    return 0 if record.status == "SUCCEEDED" else 1
-
-
-def _when(seconds: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "-"
-
-
-def cmd_jobs_list(args: argparse.Namespace) -> int:
-    from services.jobs import list_jobs
-
-    records = list_jobs(**_connection(args))
-    if not records:
-        print("no jobs")
-        return 0
-    width = max(len(r.job_id) for r in records)
-    print(f"{'job':<{width}}  {'status':<10} {'started':<19}  entrypoint")
-    for r in records:
-        print(f"{r.job_id:<{width}}  {r.status:<10} {_when(r.start_time):<19}  {r.entrypoint}")
-    return 0
-
-
-def cmd_jobs_status(args: argparse.Namespace) -> int:
-    from services.jobs import job_status
-
-    r = job_status(args.job_id, **_connection(args))
-    print(f"{r.job_id} {r.status}")
-    print(f"  entrypoint: {r.entrypoint}")
-    print(f"  started:    {_when(r.start_time)}")
-    print(f"  ended:      {_when(r.end_time)}")
-    if r.message:
-        print(f"  message:    {r.message}")
-    return 0
-
-
-def cmd_jobs_logs(args: argparse.Namespace) -> int:
-    from services.jobs import job_logs
-
-    if args.follow:
-        job_logs(args.job_id, follow=True, **_connection(args))
-    else:
-        sys.stdout.write(job_logs(args.job_id, **_connection(args)))
-    return 0
-
-
-def cmd_jobs_stop(args: argparse.Namespace) -> int:
-    from services.jobs import stop_job
-
-    status = stop_job(args.job_id, wait=args.wait, **_connection(args))
-    print(f"{args.job_id} {status}")
     return 0
 
 
@@ -249,6 +176,8 @@ def cmd_jobs_stop(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from services.jobs_cli import add_jobs_commands
+
     parser = argparse.ArgumentParser(prog="albert", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     add_model_commands(commands)
@@ -317,7 +246,9 @@ def add_run_commands(commands: argparse._SubParsersAction) -> None:
 
     status = commands.add_parser("status", help="a run's state: steps, checkpoints, evaluations, dropout")
     status.add_argument("run", help="the run directory (runs/NAME)")
-    status.add_argument("--address", help="ask the live coordinator on this Ray cluster")
+    status.add_argument(
+        "--address", help="a job server URL (http://host:8265: adds the cluster's running jobs) or a Ray address"
+    )
     status.set_defaults(func=cmd_status)
 
     evaluate = commands.add_parser("evaluate", help="held-out MLM/SOP/NSP accuracy (+ downstream tasks) of a model")
@@ -331,10 +262,10 @@ def add_run_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def add_preprocess_command(commands: argparse._SubParsersAction) -> None:
-    """`albert preprocess` (services.preprocess)."""
+    """`albert preprocess` (services.preprocess_cli)."""
     from albert_core.corpus import FORMATS, ON_ERROR, SPLITS
     from albert_core.pairs import OBJECTIVES
-    from services.preprocess import cmd_preprocess
+    from services.preprocess_cli import ON_ERROR_HELP, cmd_preprocess
 
     p = commands.add_parser("preprocess", help="corpora -> Parquet shards of SOP/NSP pair examples + manifest")
     p.add_argument("--input", nargs="+", required=True, help="files, directories, globs or fsspec URLs")
@@ -344,7 +275,7 @@ def add_preprocess_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-seq-length", type=int, default=512)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--on-error", choices=ON_ERROR, default="skip")
+    p.add_argument("--on-error", choices=ON_ERROR, default=None, help=ON_ERROR_HELP)
     p.add_argument("--heldout-fraction", type=float, default=0.01)
     p.add_argument("--shard-mb", type=float, default=16.0, help="input megabytes grouped into one shard")
     p.add_argument("--format", choices=FORMATS, default="auto")
@@ -434,69 +365,16 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
     table.set_defaults(func=cmd_experiment_table)
 
 
-def _connection_options(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
-    default = argparse.SUPPRESS if suppress else None
-    parser.add_argument("--address", default=default, help="job server URL, e.g. http://127.0.0.1:8265 (RAY_ADDRESS)")
-    parser.add_argument("--token-file", default=default, help="file holding the cluster's Ray auth token")
-    parser.add_argument(
-        "--allow-insecure-http",
-        action="store_true",
-        default=argparse.SUPPRESS if suppress else False,
-        help="allow plain http to a host that is not loopback (sends the token in clear text)",
-    )
-
-
-def _late_submit_options() -> argparse.ArgumentParser:
-    """`albert submit`'s options given after KIND and its arguments (services.jobs.split_submit_args finds them)."""
-    parser = argparse.ArgumentParser(prog="albert submit", add_help=False)
-    _connection_options(parser, suppress=True)
-    parser.add_argument("--wait", action="store_true", default=argparse.SUPPRESS)
-    parser.add_argument("--working-dir", default=argparse.SUPPRESS)
-    parser.add_argument("--env", action="append", default=argparse.SUPPRESS)
-    return parser
-
-
-def add_jobs_commands(commands: argparse._SubParsersAction) -> None:
-    """`albert submit ...` and `albert jobs list|status|logs|stop` (services.jobs)."""
-    from services.jobs import JOB_KINDS
-
-    submit_parser = commands.add_parser(
-        "submit",
-        help="run an albert command on a Ray cluster (Ray Jobs API)",
-        description="Submit `albert KIND ARGS...` as a Ray job; the working directory is uploaded with it. "
-        "Submit options may come before KIND or after its arguments; arguments after `--` go to the job as they are.",
-    )
-    _connection_options(submit_parser)
-    submit_parser.add_argument("--wait", action="store_true", help="stream the job's logs until it ends")
-    submit_parser.add_argument("--working-dir", default=".", help="directory uploaded as the job's working dir")
-    submit_parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="job env var")
-    submit_parser.add_argument("kind", choices=JOB_KINDS)
-    submit_parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of `albert KIND`")
-    submit_parser.set_defaults(func=cmd_submit)
-
-    jobs = commands.add_parser("jobs", help="list, inspect and stop cluster jobs").add_subparsers(
-        dest="action", required=True
-    )
-    connection = argparse.ArgumentParser(add_help=False)
-    _connection_options(connection)
-    jobs.add_parser("list", parents=[connection], help="submitted jobs, oldest first").set_defaults(func=cmd_jobs_list)
-    status = jobs.add_parser("status", parents=[connection], help="one job's status")
-    status.add_argument("job_id")
-    status.set_defaults(func=cmd_jobs_status)
-    logs = jobs.add_parser("logs", parents=[connection], help="a job's driver output")
-    logs.add_argument("job_id")
-    logs.add_argument("--follow", action="store_true", help="stream until the job ends")
-    logs.set_defaults(func=cmd_jobs_logs)
-    stop = jobs.add_parser("stop", parents=[connection], help="stop a job")
-    stop.add_argument("job_id")
-    stop.add_argument("--wait", action="store_true", help="wait until it has stopped")
-    stop.set_defaults(func=cmd_jobs_stop)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
+        return code
+    except BrokenPipeError:  # `albert ... | head` closed the pipe: stop quietly, as other CLI tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush at exit must not fail again
+        return 141
     except (ValueError, FileNotFoundError) as err:  # ConfigError, CorpusError, CheckpointError... are ValueErrors
         print(f"albert: error: {err}", file=sys.stderr)
         return 2

@@ -23,7 +23,15 @@ from albert_core.shards import HELDOUT_FILE
 from services import RAY_NAMESPACE
 from services.eval import IntrinsicEvaluator, IntrinsicOptions, check_tasks, options_dict
 from services.health import stalled
-from services.ledger import STATE_FILE, EvalEntry, RunLedger, read_status, verify_checkpoint
+from services.ledger import (
+    HEARTBEAT_EVERY_S,
+    STATE_FILE,
+    EvalEntry,
+    RunLedger,
+    read_status,
+    touch_heartbeat,
+    verify_checkpoint,
+)
 from services.run_config import RunConfig
 from services.run_log import METRICS_FILE
 
@@ -86,8 +94,7 @@ class Coordinator:
         self._shared_cpus_noted = False
         self._stop_requested = False
         self._last_seen, self._stall_reported = time.monotonic(), False
-        if config.train.stall_seconds:
-            threading.Thread(target=self._watch, args=(config.train.stall_seconds,), daemon=True).start()
+        threading.Thread(target=self._watch, args=(config.train.stall_seconds,), daemon=True).start()
 
     # --- the train loop's calls ---
 
@@ -173,10 +180,15 @@ class Coordinator:
         self._stall_reported = True
 
     def _watch(self, limit: float) -> None:
+        """The heartbeat file, touched from this thread (so it beats while a call such as wait_for_evals blocks the
+        actor), and the stall check, sent through the actor's queue."""
         me = ray.get_runtime_context().current_actor
+        every = min(max(limit / 10, 0.2), HEARTBEAT_EVERY_S) if limit else HEARTBEAT_EVERY_S
         while True:
-            time.sleep(min(max(limit / 10, 0.2), 30.0))
-            me.check_stall.remote()
+            touch_heartbeat(self.ledger.run_dir)
+            if limit:
+                me.check_stall.remote()
+            time.sleep(every)
 
     # --- internals ---
 
@@ -263,12 +275,9 @@ def run_status(run_dir: str | Path, run_name: str, *, timeout: float = 30.0) -> 
     """`albert status RUN`: the live coordinator's status, or the saved one when it is gone (Ray must be up)."""
     try:
         actor = ray.get_actor(coordinator_name(run_name), namespace=NAMESPACE)
-    except ValueError:
-        return read_status(run_dir)
-    try:
         return ray.get(actor.status.remote(), timeout=timeout)
-    except (RayActorError, GetTimeoutError):
-        return read_status(run_dir)
+    except (ValueError, RayActorError, GetTimeoutError):  # no such actor, or it died: the run is not live here
+        return {**read_status(run_dir), "live": False}
 
 
 def get_or_create_coordinator(

@@ -33,7 +33,10 @@ if TYPE_CHECKING:
     from argparse import _SubParsersAction
 
 # Commands that make sense as cluster jobs. `model` (e.g. `model info`) is a cheap smoke test of a cluster.
-JOB_KINDS = ("preprocess", "pretrain", "finetune", "evaluate", "experiment", "analyze", "tokenizer", "model")
+JOB_KINDS = (
+    *("preprocess", "pretrain", "finetune", "evaluate", "experiment", "analyze", "tokenizer", "model"),
+    "status",  # a run's state as the cluster sees it, when its run directory is not mounted where you are
+)
 # Never uploaded with the working dir (gitignore syntax, relative to it): environments, caches, corpora, outputs.
 EXCLUDES = [
     ".git",
@@ -423,9 +426,9 @@ def split_submit_args(args: list[str]) -> tuple[list[str], list[str]]:
 def register(commands: _SubParsersAction) -> None:
     """Add `albert submit` and `albert jobs list|status|logs|stop` to `commands` as `albert` has them.
 
-    The parsers and their handlers are in services.cli; this stays for callers that build a parser of their own
-    (tests/test_jobs.py).
+    The parsers and their handlers are in services.jobs_cli; this stays for callers that build a parser of their
+    own (tests/test_jobs.py).
     """
-    from services import cli
+    from services import jobs_cli
 
-    cli.add_jobs_commands(commands)
+    jobs_cli.add_jobs_commands(commands)

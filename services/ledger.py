@@ -33,6 +33,11 @@ from services.health import plateau
 from services.run_config import RunConfig
 
 STATE_FILE = "coordinator.json"
+# The coordinator touches this file every HEARTBEAT_EVERY_S while it lives; a status read from the run directory
+# calls the run live when the touch is under LIVE_WITHIN_S old (no Ray connection needed).
+HEARTBEAT_FILE = "coordinator.alive"
+HEARTBEAT_EVERY_S = 5.0
+LIVE_WITHIN_S = 30.0
 EVAL_TABLE_FILE = "eval.md"
 STATE_VERSION = 1
 REQUIRED_CHECKPOINT_FILES = ("config.json", "model.safetensors")
@@ -406,11 +411,28 @@ def status_from_state(state: LedgerState, *, live: bool) -> dict[str, Any]:
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
-    """A run's status from `<run_dir>/coordinator.json`, for when nothing holds the run open ("live": False)."""
+    """A run's status from `<run_dir>/coordinator.json`; "live" while its coordinator's heartbeat is fresh."""
     path = Path(run_dir) / STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no coordinator state; is {run_dir} a run directory?")
-    return status_from_state(LedgerState.from_json(path.read_text(), path), live=False)
+    age = heartbeat_age(run_dir)
+    status = status_from_state(
+        LedgerState.from_json(path.read_text(), path), live=age is not None and age < LIVE_WITHIN_S
+    )
+    status["heartbeat_age_s"] = None if age is None else round(age, 1)
+    return status
+
+
+def touch_heartbeat(run_dir: str | Path) -> None:
+    (Path(run_dir) / HEARTBEAT_FILE).touch()
+
+
+def heartbeat_age(run_dir: str | Path) -> float | None:
+    """Seconds since the run's coordinator last touched its heartbeat file; None when it never did."""
+    try:
+        return max(0.0, time.time() - (Path(run_dir) / HEARTBEAT_FILE).stat().st_mtime)
+    except FileNotFoundError:
+        return None
 
 
 def eval_table(state: LedgerState) -> str:

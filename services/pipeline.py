@@ -12,10 +12,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from albert_core.shards import ShardsManifest
 from services import RAY_NAMESPACE
 from services.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from services.train.driver import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +45,22 @@ def pretrain(config: RunConfig, *, address: str | None = None, resume: bool = Tr
     from services.coordinator import coordinator_name, get_or_create_coordinator
     from services.report import LiveView, write_report
     from services.train import run_pretraining
+    from services.train.driver import make_plan, result_of
 
     config.validate()
-    connect(address)
+    if resume and (done := result_of(config)).finished:  # before Ray starts: nothing to train
+        print(
+            f"run {config.run.name} already finished at step {done.step} ({done.checkpoint}); nothing to train. "
+            "To train on, raise optim.total_steps; for a new run, choose another run.name"
+        )
+        return done
+    plan = make_plan(config, shards_dir=None, resume=resume, coordinator_name=coordinator_name(config.run.name))
+    connect(address)  # every check above ran before Ray started
     run_dir = config.run_dir.resolve()
     keep_tokenizer_with_run(Path(config.data.shards), run_dir)
     coordinator = get_or_create_coordinator(run_dir, config.run.name, config.to_dict())
     with LiveView(run_dir, config.optim.total_steps, progress=progress):
-        result = run_pretraining(config, resume=resume, coordinator_name=coordinator_name(config.run.name))
+        result = run_pretraining(config, plan=plan)
         if result.interrupted:  # Ctrl-C: its evaluations stay pending, the resumed run's coordinator runs them
             return result
         counts = ray.get(coordinator.wait_for_evals.remote(timeout=1800))
@@ -81,6 +93,7 @@ class DemoPaths:
     tokenizer: Path
     shards: Path
     run_dir: Path
+    train: TrainResult | None = None  # how pretraining ended (TrainResult.stopped: early, and why)
 
 
 def run_demo(
@@ -143,5 +156,5 @@ def run_demo(
         },
     )
     print(f"[4/4] pretrain {recipe} for {config.optim.total_steps} steps → {config.run_dir}")
-    pretrain(config, resume=False, progress=progress)
-    return DemoPaths(Path(corpus["sotu"]).parent, tokenizer_dir, shards, config.run_dir)
+    result = pretrain(config, resume=False, progress=progress)
+    return DemoPaths(Path(corpus["sotu"]).parent, tokenizer_dir, shards, config.run_dir, result)

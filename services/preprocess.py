@@ -18,6 +18,11 @@ recorded sha256; everything else is redone from scratch. An output made by a dif
 tokenizer or options) is refused rather than mixed. `stream_examples` runs the same transform and returns the rows
 as a Dataset without writing anything.
 
+Before Ray: `plan_preprocess` checks everything that can be checked without reading the corpus (services.
+preprocess_checks): an input that matches nothing is an error (unless `skip_missing_inputs`: then it is a `missing`
+skip), the tokenizer loads, the output can be written and holds no other plan. After the run, one that made no
+training example is an error and writes no manifest.json.
+
 Accounting: every record the corpus reader yields is one document read, and is exactly one of used (it gave
 examples), held out, or skipped (a reader Skip by its reason, or a pair skip: `no_tokens` / `single_token`).
 """
@@ -53,10 +58,18 @@ from albert_core.pairs import OBJECTIVES, PairConfig
 from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, HELDOUT_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import Tokenizer
 from albert_core.unigram import count_pieces
+from services.preprocess_checks import (
+    EXPECTED_INPUT,
+    MISSING_HINT,
+    check_examples,
+    check_output,
+    check_tokenizer,
+    missing_input,
+)
 from services.preprocess_unit import UnitTransform
 
 if TYPE_CHECKING:
-    from argparse import Namespace
+    from collections.abc import Sequence
 
 PROGRESS_DIR = ".progress"  # plan.json, done markers, partial files
 PLAN_FILE = "plan.json"
@@ -72,7 +85,10 @@ class PreprocessConfig:
     max_seq_length: int = 512
     short_seq_prob: float = 0.1
     seed: int = 12345
-    on_error: str = "skip"  # skip: bad input is a counted skip; fail: the job stops naming file and line/record
+    on_error: str = "skip"  # a bad file or record in the inputs: skip: a counted skip; fail: the job stops naming
+    # file and line/record
+    skip_missing_inputs: bool = False  # an input matching nothing: False: an error before anything runs; True: a
+    # `missing` skip (the CLI's explicit --on-error skip)
     # Documents reserved for intrinsic evaluation, chosen by a hash of (file, location): stable across runs/seeds.
     heldout_fraction: float = 0.01
     # Consecutive input files are grouped into one shard up to this many bytes on disk (compressed size for
@@ -119,7 +135,7 @@ class PreprocessConfig:
 
     def output_options(self) -> dict[str, Any]:
         """The options that decide the shards' bytes (not where they go, how fast, or what failure does)."""
-        skip = {"inputs", "tokenizer", "output", "on_error", "num_cpus", "progress"}
+        skip = {"inputs", "tokenizer", "output", "on_error", "skip_missing_inputs", "num_cpus", "progress"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -172,11 +188,21 @@ def _size(path: str) -> int:
 
 
 def list_input_files(config: PreprocessConfig) -> list[InputFile]:
-    """The input files in order (each input expanded by list_inputs, sorted; a file named twice is kept once)."""
+    """The input files in order (each input expanded by list_inputs, sorted; a file named twice is kept once). An
+    input that matches nothing is a ValueError naming it, unless config.skip_missing_inputs."""
     files: list[InputFile] = []
     seen: set[str] = set()
+    missing_roots = []
     for root in config.inputs:
-        paths = list_inputs(root, fmt=config.fmt)
+        try:
+            paths = list_inputs(root, fmt=config.fmt)
+            missing = missing_input(root, paths)
+        except (ImportError, OSError) as err:  # e.g. gs:// without gcsfs, a directory it may not list
+            raise ValueError(f"input {root}: cannot be listed ({err})") from None
+        if missing and not config.skip_missing_inputs:
+            raise ValueError(f"input {root}: {missing} ({MISSING_HINT})")
+        if missing:
+            missing_roots.append(root)
         if not paths:
             known = "a known extension" if config.fmt == "auto" else f"format {config.fmt}"
             raise ValueError(f"{root}: no input files found (expected files with {known}, not hidden)")
@@ -184,6 +210,8 @@ def list_input_files(config: PreprocessConfig) -> list[InputFile]:
             if path not in seen:
                 seen.add(path)
                 files.append(InputFile(path, _file_key(path, root), _size(path)))
+    if len(missing_roots) == len(config.inputs):
+        raise ValueError(f"input {' '.join(missing_roots)}: none of the inputs exists ({EXPECTED_INPUT})")
     return files
 
 
@@ -396,6 +424,27 @@ def _units_dataset(units: list[Unit], fn, fn_kwargs: dict, config: PreprocessCon
     )
 
 
+@dataclass(frozen=True)
+class PreprocessJob:
+    """A checked and planned run, made before Ray starts (plan_preprocess)."""
+
+    tokenizer: Tokenizer
+    units: Sequence[Unit]
+    fingerprint: str
+
+
+def plan_preprocess(config: PreprocessConfig) -> PreprocessJob:
+    """Everything before Ray, so that a mistake costs no Ray start-up: the output checked, the tokenizer loaded
+    and checked against max_seq_length, the inputs listed (ValueError for one matching nothing), the units
+    planned, and the output claimed for this plan (plan.json; an output of another plan is refused)."""
+    check_output(config.output)
+    tokenizer = check_tokenizer(config)
+    units = plan_units(list_input_files(config), config.shard_input_bytes)
+    fingerprint = plan_fingerprint(config, tokenizer, units)
+    _prepare_output(_Layout(config.output), config, fingerprint, units)
+    return PreprocessJob(tokenizer, tuple(units), fingerprint)
+
+
 def stream_examples(config: PreprocessConfig):
     """The examples as a ray.data.Dataset of EXAMPLE_SCHEMA rows, made on the fly (nothing is written): the same
     rows, ids and order as the shards run_preprocess writes."""
@@ -414,14 +463,13 @@ def _progress(config: PreprocessConfig, total: int, initial: int):
     return tqdm(total=total, initial=initial, unit="file", desc="preprocess", disable=not config.progress)
 
 
-def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
-    """Preprocess (or resume) into config.output; returns the manifest it writes there."""
+def run_preprocess(config: PreprocessConfig, job: PreprocessJob | None = None) -> dict[str, Any]:
+    """Preprocess (or resume) into config.output; returns the manifest it writes there. `job`: plan_preprocess's
+    (made here when None). NoExamplesError (nothing written to manifest.json) when no example was made."""
     started = time.perf_counter()
-    tokenizer = Tokenizer.load(config.tokenizer)
-    units = plan_units(list_input_files(config), config.shard_input_bytes)
-    fingerprint = plan_fingerprint(config, tokenizer, units)
+    job = job or plan_preprocess(config)
+    tokenizer, units, fingerprint = job.tokenizer, list(job.units), job.fingerprint
     layout = _Layout(config.output)
-    _prepare_output(layout, config, fingerprint, units)
 
     summaries: dict[int, dict] = {}
     for unit in units:
@@ -448,6 +496,7 @@ def run_preprocess(config: PreprocessConfig) -> dict[str, Any]:
     heldout_sha = _merge_heldout(layout, units)
     ordered = [summaries[u.index] for u in units]
     manifest = _manifest(config, tokenizer, units, ordered, heldout_sha)
+    check_examples(manifest, config.output)
     shards = [layout.shard(u) for u in units]
     unigram = count_pieces(shards, tokenizer.vocab_size, tokenizer.special_ids).save(layout.root)
     manifest["unigram"] = {"file": unigram.name, "sha256": _sha256_file(unigram)}  # albert_core.unigram
@@ -525,40 +574,3 @@ def _manifest(config, tokenizer: Tokenizer, units: list[Unit], summaries: list[d
         "heldout": {"file": HELDOUT_FILE, "documents": documents["heldout"], "sha256": heldout_sha},
         "files": files,
     }
-
-
-# ----------------------------------------------------------------------------------------------------------
-# CLI handler
-
-
-def cmd_preprocess(args: Namespace) -> int:
-    """`albert preprocess` (services.cli builds the parser)."""
-    import ray
-
-    config = PreprocessConfig(
-        inputs=args.input,
-        tokenizer=args.tokenizer,
-        output=args.output,
-        objective=args.objective,
-        max_seq_length=args.max_seq_length,
-        short_seq_prob=args.short_seq_prob,
-        seed=args.seed,
-        on_error=args.on_error,
-        heldout_fraction=args.heldout_fraction,
-        shard_input_bytes=int(args.shard_mb * (1 << 20)),
-        fmt=args.format,
-        text_field=args.text_field,
-        split=args.split,
-        num_cpus=args.num_cpus,
-    )
-    if not ray.is_initialized():
-        ray.init(num_cpus=args.num_cpus, include_dashboard=False)
-    m = run_preprocess(config)
-    d, t = m["documents"], m["timings"]
-    reasons = ", ".join(f"{k} {v}" for k, v in d["skipped_by_reason"].items()) or "none"
-    print(f"documents: {d['read']} read, {d['used']} used, {d['heldout']} held out, {d['skipped']} skipped ({reasons})")
-    print(f"sentences: {m['sentences']}  tokens: {m['tokens']}  examples: {m['examples']}  shards: {len(m['shards'])}")
-    speed = f"{t['tokens_per_s']:,.0f} tokens/s" if t["tokens_per_s"] else "nothing to redo"
-    print(f"time: {t['total_s']:.1f}s ({speed}; {t['shards_resumed']} shards resumed)")
-    print(f"wrote {Path(config.output) / MANIFEST_FILE}")
-    return 0

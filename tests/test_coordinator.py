@@ -6,6 +6,7 @@ MANIFEST.json), a real held-out Parquet file. No training.
 
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from services.coordinator import (
     verify_checkpoint,
 )
 from services.eval import UnknownTask
+from services.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S
 from services.run_config import RunConfig
 
 VOCAB = 64
@@ -396,10 +398,14 @@ def test_read_status_reads_the_run_without_its_coordinator(make_run):
     run.call("report", 40, {"loss": 3.0})
     run.call("checkpoint_saved", 40, run.checkpoint(40))
     live = run.call("status")
+    assert read_status(run.dir)["live"] is True  # from the file alone: the coordinator's heartbeat is fresh
     ray.kill(run.actor, no_restart=True)
+    stale = time.time() - LIVE_WITHIN_S - 1
+    os.utime(run.dir / HEARTBEAT_FILE, (stale, stale))  # as it is LIVE_WITHIN_S after the coordinator died
     offline = read_status(run.dir)
-    assert offline["live"] is False and live["live"] is True
-    assert {k: v for k, v in offline.items() if k != "live"} == {k: v for k, v in live.items() if k != "live"}
+    assert offline["live"] is False and live["live"] is True and offline["heartbeat_age_s"] > LIVE_WITHIN_S
+    same = ("live", "heartbeat_age_s")
+    assert {k: v for k, v in offline.items() if k not in same} == {k: v for k, v in live.items() if k not in same}
 
 
 def test_run_status_asks_the_live_coordinator_and_falls_back_to_the_state_file(make_run):

@@ -514,6 +514,7 @@ def test_a_submitted_tiny_pretraining_runs_to_completion_and_is_visible_through_
     import pyarrow.parquet as pq
 
     from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
+    from services.ledger import STATE_FILE, read_status
     from tests.test_train import MODEL, write_shards
 
     shards = write_shards(tmp_path / "shards", (24,))
@@ -551,14 +552,16 @@ batch_size = 4
 heldout_batches = 2
 """
     )
-    job_id = jobs.submit(
-        "pretrain",
-        ["--config", str(config), "--no-progress"],
-        working_dir=REPO,
-        wait=True,
-        timeout_s=400,
-        **cluster.conn(),
-    )
+    job_id = jobs.submit("pretrain", ["--config", str(config), "--no-progress"], working_dir=REPO, **cluster.conn())
+    run_dir = tmp_path / "runs" / "job-run"
+    seen_live = False
+    deadline = time.monotonic() + 400
+    while jobs.job_status(job_id, **cluster.conn()).status not in jobs.TERMINAL_STATUSES:
+        assert time.monotonic() < deadline, "the job did not end within 400 s"
+        if (run_dir / STATE_FILE).is_file():  # albert status, from the run directory alone, while the job runs
+            seen_live = seen_live or read_status(run_dir)["live"]
+        time.sleep(0.5)
+    assert seen_live
     assert jobs.job_status(job_id, **cluster.conn()).status == "SUCCEEDED"
     logs = jobs.job_logs(job_id, **cluster.conn())
     assert "finished at step 3" in logs

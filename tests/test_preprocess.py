@@ -121,6 +121,7 @@ def make_config(corpus: Path, tokenizer_dir: Path, output: Path, **overrides) ->
         heldout_fraction=HELDOUT_FRACTION,
         shard_input_bytes=600,  # several shards from this small corpus
         docs_per_group=4,
+        skip_missing_inputs=True,  # MISSING is a counted skip (the CLI's explicit --on-error skip)
         progress=False,
     )
     options.update(overrides)
@@ -398,20 +399,30 @@ FAIL_MESSAGES = {
     "malformed.jsonl": r"malformed.jsonl: line 2: malformed_record: expected a JSON object",
     "long_line.txt": r"long_line.txt: file: too_long:",
     "malformed.xml": r"malformed.xml: line 1, column \d+: malformed_xml:",
-    MISSING: r"missing.txt: file: missing:",
 }
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("name", sorted(FAIL_MESSAGES))
 def test_on_error_fail_stops_naming_the_file_and_line_or_record(ray_local, corpus, tokenizer_dir, tmp_path, name):
-    path = corpus / (name if name == MISSING else f"bad/{name}")
+    path = corpus / "bad" / name
     config = make_config(corpus, tokenizer_dir, tmp_path / "out", inputs=[str(path)], on_error="fail")
     with pytest.raises(CorpusError, match=FAIL_MESSAGES[name]):
         run_preprocess(config)
     assert not (Path(config.output) / MANIFEST_FILE).exists()
     assert list((Path(config.output) / TRAIN_DIR).iterdir()) == []
     assert not list((Path(config.output) / PROGRESS_DIR).glob("*.partial"))
+
+
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_a_missing_input_stops_the_run_before_anything_is_written(corpus, tokenizer_dir, tmp_path, on_error):
+    inputs = [str(corpus / "good"), str(corpus / MISSING)]
+    config = make_config(
+        corpus, tokenizer_dir, tmp_path / "out", inputs=inputs, on_error=on_error, skip_missing_inputs=False
+    )
+    with pytest.raises(ValueError, match=rf"^input {corpus / MISSING}: no such file or directory \(expected"):
+        run_preprocess(config)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.ray

@@ -48,14 +48,16 @@ def run_pretraining(
     resume: bool = True,
     coordinator_name: str | None = None,
     callbacks: list | None = None,
+    plan: WorkerPlan | None = None,
 ) -> TrainResult:
     """Validate, plan the data, run the TorchTrainer to optim.total_steps; resumes from the newest good checkpoint.
 
     Everything that can be checked is checked before a worker starts: the config, the shards directory
     (`data.shards`), the vocabulary, model.init_from. resume=False refuses a run directory that already holds
-    checkpoints rather than mixing two runs in it.
+    checkpoints rather than mixing two runs in it. `plan`: one make_plan made already (before Ray started).
     """
-    plan = make_plan(config, shards_dir=shards_dir, resume=resume, coordinator_name=coordinator_name)
+    if plan is None:
+        plan = make_plan(config, shards_dir=shards_dir, resume=resume, coordinator_name=coordinator_name)
     fit(plan, callbacks)
     return result_of(config)
 
@@ -144,7 +146,6 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
             storage_path=str(Path(plan.run_dir) / "ray"),
             # controller_failure_limit=0: a worker group that cannot be placed in time fails the run (below)
             failure_config=ray.train.FailureConfig(max_failures=t.max_failures, controller_failure_limit=0),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=t.keep_last),
             callbacks=callbacks,
         ),
     )

@@ -78,12 +78,44 @@ def shard_files(shards_dir: Path) -> dict[str, int]:
 def plan_data(shards_dir: Path, config: RunConfig) -> dict[str, int]:
     """The shard files and their row counts, checked to hold at least one global batch."""
     rows = shard_files(shards_dir)
-    total, batch = sum(rows.values()), config.train.global_batch_size
-    if total < batch:
-        raise ConfigError(
-            f"train.global_batch_size: {batch} examples per step, but {shards_dir / TRAIN_DIR} holds only {total}"
-        )
+    total = sum(rows.values())
+    if total < config.train.global_batch_size:
+        raise ConfigError(_too_few_examples(shards_dir, len(rows), total, config.train))
+    _check_sequence_length(shards_dir, config)
     return rows
+
+
+def _check_sequence_length(shards_dir: Path, config: RunConfig) -> None:
+    """Rows longer than data.max_seq_length would fail the first step on a worker: refuse them here instead, by
+    the max_seq_length the shards were preprocessed with (manifest.json's config; unknown: not checked)."""
+    try:
+        made = ShardsManifest.read(shards_dir).max_seq_length
+    except ManifestError:
+        return
+    wanted = config.data.max_seq_length
+    if made is not None and made > wanted:
+        raise ConfigError(
+            f"data.max_seq_length: {wanted}, but {shards_dir} was preprocessed with --max-seq-length {made} (its "
+            f"{MANIFEST_FILE}); preprocess again with --max-seq-length {wanted} into a new --output, or train on "
+            f"these with --set data.max_seq_length={made}"
+        )
+
+
+def _too_few_examples(shards_dir: Path, n_files: int, total: int, t: TrainSection) -> str:
+    """plan_data's refusal, with the exact ways on: more text, or the largest global batch these examples hold."""
+    start = f"train.global_batch_size: {t.global_batch_size} examples per step, but {shards_dir / TRAIN_DIR}"
+    shards = f"{n_files} shard{'' if n_files == 1 else 's'}"
+    more = "preprocess more text into a new --output (a shorter --max-seq-length also makes more examples)"
+    if total == 0:
+        return f"{start} holds no examples ({shards} of 0 rows); {more}"
+    if total < t.num_workers:
+        return f"{start} holds only {total} in {shards}, fewer than train.num_workers = {t.num_workers}; {more}"
+    micro = min(t.micro_batch_size, total // t.num_workers)
+    fit = total // (micro * t.num_workers) * micro * t.num_workers
+    sets = f"--set train.global_batch_size={fit}"
+    if micro != t.micro_batch_size:
+        sets += f" --set train.micro_batch_size={micro}"
+    return f"{start} holds only {total} in {shards}; {more}, or train on these with {sets}"
 
 
 def unigram_for(shards_dir: Path, config: RunConfig) -> UnigramBaseline | None:

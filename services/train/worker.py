@@ -8,8 +8,9 @@ example id) and dropout per (run seed, rank, step), so no RNG state has to survi
 
 Reporting. Every `train.log_every` steps, every `train.checkpoint_every` steps and at the end, all workers call
 `ray.train.report`, which acts as a barrier. On checkpoint steps rank 0 first writes a training checkpoint to
-`<run_dir>/checkpoints/step_XXXXXXXX` (services.train.state) and attaches it; rank 0 also tells the run's record
-(services.train.record: the coordinator, or its own ledger) about metrics and checkpoints.
+`<run_dir>/checkpoints/step_XXXXXXXX` (services.train.state), the one copy on disk: Ray's storage gets metrics
+only. Rank 0 also tells the run's record (services.train.record: the coordinator, or its own ledger) about metrics
+and checkpoints.
 
 Budget. `train.max_seconds` > 0 ends the run at the first step that brings its training time (summed over resumes)
 to the budget: rank 0's clock decides and one tiny broadcast per step tells every worker, so all stop at the same
@@ -142,7 +143,8 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
     )
     if choice:
         state = worker.backend.load(choice, model, optimizer, scheduler)
-        if worker.record is not None:
+        trains_on = state.step < plan.run.optim.total_steps and not Clock.spent(t, state)
+        if worker.record is not None and trains_on:
             worker.record.event(
                 state.step, "resumed", checkpoint=choice, workers=worker.world, written_by_workers=state.world_size
             )
@@ -272,7 +274,6 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
         if diverged is not None:
             return diverged
         worker.recent_losses = [*worker.recent_losses, metrics["loss"]][-RECENT_LOSSES:]
-        checkpoint = None
         if worker.record is not None:
             worker.record.report(step, metrics)
             if save:
@@ -280,11 +281,9 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
                     checkpoint_dir(worker.plan.checkpoints, step), model, optimizer, scheduler, state
                 )
                 worker.record.checkpoint_saved(step, str(path), metrics, final=is_last)
-                checkpoint = ray.train.Checkpoint.from_directory(str(path))
-        if save:
-            ray.train.report(metrics, checkpoint=checkpoint, delete_local_checkpoint_after_upload=False)
-        else:
-            ray.train.report(metrics)
+        # Metrics only: resume reads run_dir/checkpoints through the run's record, so a copy in Ray's storage
+        # would only double the disk a run takes.
+        ray.train.report(metrics)
     if worker.plan.stop_after_step == step and step > worker.started_at:
         raise SimulatedCrash(f"{STOP_ENV}={step}: stopping after step {step} to simulate a crash")
     if ends == "budget":

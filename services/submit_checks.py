@@ -1,0 +1,81 @@
+"""What `albert submit pretrain` checks on the submitting machine, before anything is uploaded.
+
+A job runs in a copy of the working directory unpacked on the head node, without `.cache`, `data` or `runs`
+(services.jobs.EXCLUDES). Two things a user meets there are fixed here instead of on the cluster:
+- the recipe is loaded and validated with its `--set` overrides, so a config error costs one line and no upload;
+- every relative path of the run (data.shards, run.output_dir, model.init_from, eval.task_data, --resume) is made
+  absolute against the working directory, where the user meant it, and passed on with `--set`. On a real cluster
+  that directory is a shared mount every node sees at the same path (deploy.md, "Storage").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from albert_core.config import ConfigError
+
+PATH_FIELDS = ("data.shards", "run.output_dir", "model.init_from")
+
+
+def prepare_job_args(kind: str, args: list[str], working_dir: str | Path) -> tuple[list[str], list[str]]:
+    """(the job's arguments to submit, one note per path made absolute); only `pretrain` jobs are rewritten."""
+    if kind != "pretrain" or "://" in str(working_dir):
+        return list(args), []
+    return prepare_pretrain_args(args, Path(working_dir).resolve())
+
+
+def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:
+    from services.cli import build_parser, parse_sets
+    from services.run_config import RunConfig, resolve_config_path
+
+    options = build_parser().parse_args(["pretrain", *args])
+    config_path = _recipe_in(root, options.config, resolve_config_path)
+    overrides = parse_sets(options.set)
+    resume = options.resume
+    if resume and not Path(resume).is_absolute():
+        resume = str((root / resume).resolve())
+    if resume:
+        overrides.update({"run.name": Path(resume).name, "run.output_dir": str(Path(resume).parent)})
+    config = RunConfig.load(config_path, overrides)  # raises ConfigError: one line, nothing uploaded
+    extra, notes = [], []
+    for dotted in PATH_FIELDS:
+        section, key = dotted.split(".")
+        value = getattr(getattr(config, section), key)
+        absolute = _absolute(value, root)
+        if absolute != value:
+            extra += ["--set", f"{dotted}={json.dumps(absolute)}"]
+            notes.append(f"{dotted}: {value} -> {absolute}")
+    task_data = {task: _absolute(directory, root) for task, directory in config.eval.task_data.items()}
+    if task_data != config.eval.task_data:
+        inline = ", ".join(f"{json.dumps(task)} = {json.dumps(path)}" for task, path in task_data.items())
+        extra += ["--set", f"eval.task_data={{{inline}}}"]
+        notes.append(f"eval.task_data: made absolute under {root}")
+    if resume != options.resume:
+        args = [resume if arg == options.resume else arg for arg in args]
+        notes.append(f"--resume: {options.resume} -> {resume}")
+    return [*args, *extra], notes
+
+
+def _recipe_in(root: Path, name: str, resolve) -> Path:
+    """The recipe file as the job will find it: a shipped name, an absolute path (on a mount the cluster shares),
+    or a relative path inside the uploaded directory; a relative path outside it would not exist there."""
+    if Path(name).is_absolute():
+        return resolve(name)
+    inside = root / name
+    path = inside if inside.is_file() else resolve(name)
+    try:
+        path.resolve().relative_to(root)
+    except ValueError:
+        raise ConfigError(
+            f"--config {name}: {path.resolve()} is outside the working directory {root}, which is all the job gets; "
+            "put the recipe under it (e.g. configs/), give an absolute path on a mount the cluster shares, or pass "
+            "--working-dir"
+        ) from None
+    return path
+
+
+def _absolute(value: str, root: Path) -> str:
+    if not value or "://" in value or Path(value).is_absolute():
+        return value
+    return str((root / value).resolve())
