@@ -22,3 +22,14 @@ def ray_local():
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module's tests (fine-tuning tests measure nothing that more threads would help)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -37,11 +37,8 @@ QUICK = ["--lr", "1e-3", "--batch-size", "16", "--max-seq-length", "32"]
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here on one torch thread (tests/conftest.py)."""
 
 
 def sentence(rng: random.Random, keyword: str) -> str:

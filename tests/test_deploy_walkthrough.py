@@ -17,13 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
-from tests.test_train import VOCAB, write_shards
+from tests.test_train import write_heldout, write_shards
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy.md"
@@ -43,18 +39,7 @@ def free_port() -> int:
 
 
 def sample_shards(directory: Path) -> None:
-    write_shards(directory, (64, 64, 64, 64))
-    rng = np.random.default_rng(3)
-    docs = [
-        {
-            "doc_id": d,
-            "sentences": [rng.integers(5, VOCAB, 8).tolist() for _ in range(4)],
-            "word_starts": [[True] * 8 for _ in range(4)],
-        }
-        for d in range(12)
-    ]
-    (directory / HELDOUT_FILE).parent.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(docs, schema=HELDOUT_SCHEMA), directory / HELDOUT_FILE)
+    write_heldout(write_shards(directory, (64, 64, 64, 64)), docs=12, sentence_length=8, seed=3)
 
 
 @pytest.fixture(scope="module")

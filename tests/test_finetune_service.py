@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from albert_core.finetune_config import FinetuneConfig
 from services.cli import add_finetune_command as register
@@ -19,11 +18,8 @@ QUICK = {"lr": 1e-3, "batch_size": 16, "train_steps": 4, "warmup_steps": 1, "max
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here on one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

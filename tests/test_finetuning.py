@@ -41,11 +41,8 @@ KEYWORD = "excellent"
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here on one torch thread (tests/conftest.py)."""
 
 
 def keyword_rows(n: int, seed: int) -> list[tuple[str, int]]:

@@ -5,37 +5,21 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import ray
 
-from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
 from services.coordinator import coordinator_name, get_or_create_coordinator
 from services.run_log import read_metrics
 from services.train import run_pretraining
 from services.train.state import read_trainer_json
-from tests.test_train import VOCAB, run_config, write_shards
+from tests.test_train import run_config, write_heldout, write_shards
 
 pytestmark = [pytest.mark.ray]
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    root = write_shards(tmp_path_factory.mktemp("shards"), (32, 32))
-    rng = np.random.default_rng(2)
-    docs = [
-        {
-            "doc_id": doc,
-            "sentences": [rng.integers(5, VOCAB, 6).tolist() for _ in range(4)],
-            "word_starts": [[True] * 6 for _ in range(4)],
-        }
-        for doc in range(8)
-    ]
-    (root / HELDOUT_FILE).parent.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist(docs, schema=HELDOUT_SCHEMA), root / HELDOUT_FILE)
-    return root
+    return write_heldout(write_shards(tmp_path_factory.mktemp("shards"), (32, 32)))
 
 
 def events(run_dir, name: str) -> list[dict]:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from albert_core.config import AlbertConfig, ConfigError
 from albert_core.model import AlbertForPreTraining, compile_backbone
 from albert_core.optim import make_optimizer, make_scheduler
-from albert_core.shards import write_random_shards
+from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.run_config import RunConfig
 from services.train import (
@@ -49,6 +49,22 @@ def write_shards(root, file_rows=FILE_ROWS, *, seed: int = 0, manifest: dict | N
     rng = np.random.default_rng(seed)
     write_random_shards(root / "train", file_rows, vocab_size=VOCAB, rng=rng)
     (root / "manifest.json").write_text(json.dumps(manifest if manifest is not None else {"vocab_size": VOCAB}))
+    return root
+
+
+def write_heldout(root, *, docs: int = 8, sentence_length: int = 6, seed: int = 2):
+    """<root>/heldout/documents.parquet: `docs` documents of 4 random-piece sentences (what evaluation reads)."""
+    rng = np.random.default_rng(seed)
+    rows = [
+        {
+            "doc_id": doc,
+            "sentences": [rng.integers(5, VOCAB, sentence_length).tolist() for _ in range(4)],
+            "word_starts": [[True] * sentence_length for _ in range(4)],
+        }
+        for doc in range(docs)
+    ]
+    (root / HELDOUT_FILE).parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=HELDOUT_SCHEMA), root / HELDOUT_FILE)
     return root
 
 
