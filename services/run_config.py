@@ -73,6 +73,12 @@ class TrainSection:
     global_batch_size: int = 4096  # = micro_batch_size x accumulation x workers
     micro_batch_size: int = 32
     num_workers: int = 1
+    # 0: a fixed group of num_workers (a restart waits for all of them). 1..num_workers: an elastic group of
+    # min_workers to num_workers (Ray Train's ScalingConfig(num_workers=(min, max))): a run that loses a node
+    # restarts from its last checkpoint on the workers that remain (deploy.md "Failures": a caveat of Ray 2.60). The
+    # global batch is split among however many there are, so it must be a multiple of micro_batch_size x w for
+    # every w in range. Exact in data; in losses too only without dropout (its masks are drawn per rank).
+    min_workers: int = 0
     backend: str = "cpu"  # cpu (gloo) | cuda (nccl) | xla
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     # torch.compile the backbone (backends cpu/cuda): fuses GELU, LayerNorm, dropout and residual adds. The first
@@ -110,7 +116,13 @@ class TrainSection:
 
     @property
     def accumulation(self) -> int:
+        """Micro-batches per step at num_workers workers (an elastic group at w workers: global / (micro x w))."""
         return self.global_batch_size // (self.micro_batch_size * self.num_workers)
+
+    @property
+    def worker_counts(self) -> range:
+        """The worker counts a run may train at: num_workers, or min_workers..num_workers when elastic."""
+        return range(self.min_workers or self.num_workers, self.num_workers + 1)
 
 
 @dataclass
@@ -225,10 +237,22 @@ class RunConfig:
 
 
 def _check_train(t: TrainSection) -> None:
+    if isinstance(t.min_workers, bool) or not 0 <= t.min_workers <= t.num_workers:
+        raise ConfigError(
+            f"train.min_workers: expected 0 (a fixed group of num_workers) or 1 to num_workers = {t.num_workers}, "
+            f"got {t.min_workers!r}"
+        )
     if t.global_batch_size % (t.micro_batch_size * t.num_workers):
         raise ConfigError(
             f"train.global_batch_size: {t.global_batch_size} is not a multiple of micro_batch_size x num_workers "
             f"({t.micro_batch_size} x {t.num_workers})"
+        )
+    split = next((w for w in t.worker_counts if t.global_batch_size % (t.micro_batch_size * w)), None)
+    if split is not None:
+        raise ConfigError(
+            f"train.global_batch_size: {t.global_batch_size} is not a multiple of micro_batch_size x {split} workers "
+            f"({t.micro_batch_size} x {split}), and train.min_workers = {t.min_workers} lets the run train at "
+            f"{split}; choose a global batch that every count from {t.worker_counts.start} to {t.num_workers} splits"
         )
     if t.backend not in ("cpu", "cuda", "xla"):
         raise ConfigError(f"train.backend: expected cpu, cuda or xla, got {t.backend!r}")

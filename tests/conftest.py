@@ -33,3 +33,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def default_sigint() -> None:
+    """A Popen preexec_fn: SIGINT at its default in the child, so Python installs its Ctrl-C handler there even when
+    the tests run with SIGINT ignored (a background job of a non-interactive shell, as some CI launchers are)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -28,6 +28,7 @@ from albert_core.finetuning import finetune, load_task_data
 from albert_core.model import AlbertForPreTraining
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.cli import main
+from tests.conftest import default_sigint
 from tests.test_finetuning import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,6 +273,7 @@ def test_ctrl_c_after_a_dev_evaluation_prints_the_partial_summary_and_exits_130(
         cwd=ROOT,
         env=env,
         start_new_session=True,
+        preexec_fn=default_sigint,
     )
     printed = []
     for line in run.stdout:
@@ -279,7 +281,12 @@ def test_ctrl_c_after_a_dev_evaluation_prints_the_partial_summary_and_exits_130(
         if line.startswith("step 5/5000"):
             os.killpg(run.pid, signal.SIGINT)
             break
-    out, err = run.communicate(timeout=60)
+    try:
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
     out = "".join(printed) + out
     assert run.returncode == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
@@ -303,14 +310,21 @@ def test_ctrl_c_while_seeds_run_on_ray_summarizes_the_finished_seed(ray_local, t
     short.max_steps, long.max_steps = 2, 100_000
 
     def interrupt_when_seed_1_is_done():
-        while not (out / "seed_1" / "result.json").is_file():
+        deadline = time.time() + 300
+        while not (out / "seed_1" / "result.json").is_file() and time.time() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)  # the driver receives the result
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt_when_seed_1_is_done, daemon=True).start()
-    with pytest.raises(SeedsInterrupted) as interrupted:
-        run_seeds([short, long], num_cpus=1, progress=True)
+    # Python's own Ctrl-C handler, even where this process was started with SIGINT ignored (a background job of a
+    # non-interactive shell is): the test is about what the handler leads to.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_when_seed_1_is_done, daemon=True).start()
+        with pytest.raises(SeedsInterrupted) as interrupted:
+            run_seeds([short, long], num_cpus=1, progress=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert [r["seed"] for r in interrupted.value.results] == [1]
     assert report_interrupted(interrupted.value, "custom", [1, 2], out) == 130
     printed = capsys.readouterr().out

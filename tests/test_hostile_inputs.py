@@ -509,6 +509,11 @@ def test_any_run_config_toml_loads_usable_or_is_refused_naming_the_field(tmp_pat
         ("[eval]\ncpus = -1", "eval.cpus"),
         ("[eval]\ncpus = nan", "eval.cpus"),
         ('[model]\noverrides = {initializer_range = "big"}', "model.initializer_range"),
+        ("[train]\nnum_workers = 2\nmin_workers = 3", "train.min_workers"),
+        (
+            "[train]\nglobal_batch_size = 16\nmicro_batch_size = 4\nnum_workers = 4\nmin_workers = 1",
+            "train.global_batch_size",
+        ),
     ],
 )
 def test_invalid_values_found_by_fuzzing_are_refused_naming_the_field(tmp_path, text, field):

@@ -20,6 +20,7 @@ import pytest
 
 from albert_core.config import ConfigError
 from services.coordinator import evaluator_slots
+from tests.conftest import default_sigint
 from tests.test_faults import shards  # noqa: F401  (the module fixture: 4 shard files and held-out documents)
 from tests.test_train import MODEL, SEQ, run_config
 
@@ -74,7 +75,7 @@ class Terminal:
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
         env.pop("RAY_ADDRESS", None)
         self.process = subprocess.Popen(
-            args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+            args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_sigint
         )
 
     def ctrl_c(self) -> None:

@@ -130,7 +130,7 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
     tpu = {"use_tpu": True} if resources.get("TPU", 0) > 0 else {}  # Ray refuses a TPU resource without it
     try:
         scaling = ray.train.ScalingConfig(
-            num_workers=t.num_workers, use_gpu=use_gpu, resources_per_worker=resources, **tpu
+            num_workers=worker_group_size(t), use_gpu=use_gpu, resources_per_worker=resources, **tpu
         )
     except (TypeError, ValueError) as err:
         raise ConfigError(f"train.resources_per_worker: Ray does not accept {resources} per worker ({err})") from None
@@ -159,6 +159,12 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
         raise ConfigError(workers_missing(t, resources, t.startup_timeout_s)) from None
 
 
+def worker_group_size(t) -> int | tuple[int, int]:
+    """Ray Train's num_workers: train.num_workers, or (min_workers, num_workers), an elastic group, when
+    train.min_workers is set: a restart after a lost node then starts on the workers the cluster still has."""
+    return (t.min_workers, t.num_workers) if t.min_workers else t.num_workers
+
+
 def request_stop(coordinator: str) -> None:
     import ray
 
@@ -171,11 +177,12 @@ def workers_missing(t, resources: dict[str, float], timeout: float) -> str:
     """The startup failure, with what the workers need against what the cluster has."""
     import ray
 
-    need = {k: v * t.num_workers for k, v in resources.items()}
+    count = t.min_workers or t.num_workers  # an elastic group starts with as few as min_workers
+    need = {k: v * count for k, v in resources.items()}
     total, free = ray.cluster_resources(), ray.available_resources()
     have = ", ".join(f"{k} {total.get(k, 0):g} ({free.get(k, 0):g} free)" for k in need)
     return (
-        f"train.num_workers: Ray could not place {t.num_workers} workers of {resources} (in all {need}) within "
+        f"train.num_workers: Ray could not place {count} workers of {resources} (in all {need}) within "
         f"{timeout:g} s; the cluster has {have}. Free or add those resources, lower train.num_workers, or raise "
         "train.startup_timeout_s if the cluster is still scaling up"
     )

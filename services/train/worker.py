@@ -111,8 +111,9 @@ def start_worker(plan: WorkerPlan) -> Worker:
     t = plan.run.train
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
-    if world != t.num_workers:
-        raise RuntimeError(f"train.num_workers is {t.num_workers} but Ray started {world} workers")
+    if world not in t.worker_counts:
+        counts = f"{t.min_workers} to {t.num_workers}" if t.min_workers else f"{t.num_workers}"
+        raise RuntimeError(f"train.num_workers/min_workers allow {counts} workers but Ray started {world}")
     distributed = dist.is_available() and dist.is_initialized() and world > 1
     backend = backend_for(plan, world=world, reduce_sum=all_reduce_sum if distributed else None)
     record = open_record(plan) if rank == 0 else None
