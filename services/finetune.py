@@ -178,8 +178,10 @@ def run_seeds(
 
 
 def _cancel(ray, ref) -> None:
+    """Stop an unfinished seed now (force: its worker process goes, and with it the CPU it holds); what it had
+    evaluated so far is in its metrics.jsonl."""
     try:
-        ray.cancel(ref)
+        ray.cancel(ref, force=True)
     except Exception:  # already finished, or the cluster is going away: nothing left to stop
         pass
 

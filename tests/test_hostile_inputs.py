@@ -558,8 +558,8 @@ def test_any_albert_config_json_builds_a_finite_model_or_is_refused_naming_the_f
         config = AlbertConfig.from_json(text)
     except ConfigError as err:
         message = str(err)
-        head = message.split(":", 1)[0]
-        assert head in AlbertConfig().to_dict() or isinstance(data, dict) and head in data or "expected an" in message
+        fields = [*AlbertConfig().to_dict(), *(data if isinstance(data, dict) else [])]  # a key may hold ":" too
+        assert any(message.startswith(f"{name}:") for name in fields) or "expected an" in message
         return
     assume(config.vocab_size * config.embedding_size < 10**6)  # defaults of fields left out may be large
     model = AlbertForPreTraining(config)

@@ -9,6 +9,7 @@ floating-point sums. The runs use tests/test_faults.py's simulated 3-node cluste
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,6 +31,9 @@ CHECKPOINT_EVERY = 2
 
 # --------------------------------------------------------------------------------------------------
 # the config (no Ray)
+
+
+CLUSTER_SOAK_ENV = "ALBERT_CLUSTER_SOAK"  # 1: also run the elastic node-loss scenario (about 2 minutes)
 
 
 def train_table(**train) -> dict[str, Any]:
@@ -188,7 +192,7 @@ def elastic(cluster, shards, tmp_path_factory):  # noqa: F811
     is removed after step 3 and added back once the run ends (Cluster.add_node works only on the main thread, where
     run_pretraining is, so growing back mid-run is not exercised here)."""
     root = tmp_path_factory.mktemp("elastic")
-    config = resize_config(root, shards, "elastic", num_workers=3, min_workers=1, max_failures=2)
+    config = resize_config(root, shards, "elastic", num_workers=3, min_workers=1, max_failures=2, startup_timeout_s=30)
     timeline: list[dict[str, Any]] = []
 
     def remove_node(live):
@@ -218,12 +222,13 @@ def worker_groups(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-# Ray 2.60's elastic policy sizes a restart from ray.data's AutoscalingCoordinator, whose view of the cluster's
-# nodes refreshes every 20 s (TICK_INTERVAL_S): a restart decided within 20 s of the node loss asks for the old
-# number of workers, cannot place them, and fails the run after train.startup_timeout_s (controller_failure_limit
-# is 0). Measured here: one run of two restarted on 2 workers ~33 s after the loss; the other asked for 3 0.1 s
-# after it and failed at 180 s.
-@pytest.mark.xfail(reason="Ray 2.60 elastic restarts can size themselves on a 20 s-old node view", strict=False)
+# Ray 2.60's elastic policy sizes a restart from a view of the cluster's nodes that refreshes every 20 s: a restart
+# decided within 20 s of the node loss can ask for the lost node's worker too. An elastic run therefore retries a
+# placement that timed out (services.train.driver.ELASTIC_PLACEMENT_RETRIES), here after 30 s.
+@pytest.mark.skipif(
+    os.environ.get(CLUSTER_SOAK_ENV) != "1",
+    reason=f"a 2-minute node-loss run, kept out of the default suite's time budget: {CLUSTER_SOAK_ENV}=1 runs it",
+)
 @pytest.mark.ray
 @pytest.mark.slow
 def test_an_elastic_run_that_loses_a_node_continues_on_fewer_workers_on_the_same_examples(elastic, reference):

@@ -27,6 +27,7 @@ from services.train.state import latest_good, list_checkpoints, read_trainer_jso
 from services.train.worker import STOP_ENV, TRACE_ENV, train_loop_per_worker
 
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train's wait for a worker group to be placed
+ELASTIC_PLACEMENT_RETRIES = 3  # train.min_workers > 0: placements retried, each up to train.startup_timeout_s
 
 
 @dataclass
@@ -144,8 +145,12 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
         run_config=ray.train.RunConfig(
             name=plan.run.run.name,
             storage_path=str(Path(plan.run_dir) / "ray"),
-            # controller_failure_limit=0: a worker group that cannot be placed in time fails the run (below)
-            failure_config=ray.train.FailureConfig(max_failures=t.max_failures, controller_failure_limit=0),
+            # A worker group that cannot be placed in time fails the run (below); an elastic one first retries:
+            # Ray 2.60 sizes it from a view of the nodes up to 20 s old, so its first try after a node loss can ask
+            # for the lost node's workers too.
+            failure_config=ray.train.FailureConfig(
+                max_failures=t.max_failures, controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if t.min_workers else 0
+            ),
             callbacks=callbacks,
         ),
     )
