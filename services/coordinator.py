@@ -193,20 +193,18 @@ class Coordinator:
     # --- internals ---
 
     def _pump(self) -> None:
-        """Launch queued evaluations while there are free evaluator slots."""
-        if not self._training_started:
+        """Launch queued evaluations while there are free evaluator slots (the cluster is asked only when some wait:
+        this runs on every call of the train loop)."""
+        if not self._training_started or not self._queue:
             return
-        t = self.ledger.config.train
-        cpus, slots = evaluator_slots(
-            self.ledger.config.eval.cpus,
-            training_cpus=t.num_workers * t.cpus_per_worker,
-            cluster_cpus=ray.cluster_resources().get("CPU", 0.0),
-        )
-        if cpus < self.ledger.config.eval.cpus and not self._shared_cpus_noted:
+        t, wanted = self.ledger.config.train, self.ledger.config.eval.cpus
+        training_cpus, cluster_cpus = t.num_workers * t.cpus_per_worker, ray.cluster_resources().get("CPU", 0.0)
+        cpus, slots = evaluator_slots(wanted, training_cpus=training_cpus, cluster_cpus=cluster_cpus)
+        if cpus < wanted and not self._shared_cpus_noted:
             self._shared_cpus_noted = True
             self.ledger.event(
-                self.ledger.state.step, "eval_cpus_shared", eval_cpus=self.ledger.config.eval.cpus,
-                cluster_cpus=ray.cluster_resources().get("CPU", 0.0), training_cpus=t.num_workers * t.cpus_per_worker,
+                self.ledger.state.step, "eval_cpus_shared", eval_cpus=wanted, cluster_cpus=cluster_cpus,
+                training_cpus=training_cpus,
                 message="the cluster has no CPU beyond the training workers' own: evaluators run one at a time on 0 "
                 "CPUs, beside training",
             )  # fmt: skip

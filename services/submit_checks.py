@@ -27,10 +27,10 @@ def prepare_job_args(kind: str, args: list[str], working_dir: str | Path) -> tup
 
 def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:
     from services.cli import build_parser, parse_sets
-    from services.run_config import RunConfig, resolve_config_path
+    from services.run_config import RunConfig
 
     options = build_parser().parse_args(["pretrain", *args])
-    config_path = _recipe_in(root, options.config, resolve_config_path)
+    config_path = _recipe_in(root, options.config)
     overrides = parse_sets(options.set)
     resume = options.resume
     if resume and not Path(resume).is_absolute():
@@ -57,13 +57,15 @@ def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[
     return [*args, *extra], notes
 
 
-def _recipe_in(root: Path, name: str, resolve) -> Path:
+def _recipe_in(root: Path, name: str) -> Path:
     """The recipe file as the job will find it: a shipped name, an absolute path (on a mount the cluster shares),
     or a relative path inside the uploaded directory; a relative path outside it would not exist there."""
+    from services.run_config import resolve_config_path
+
     if Path(name).is_absolute():
-        return resolve(name)
+        return resolve_config_path(name)
     inside = root / name
-    path = inside if inside.is_file() else resolve(name)
+    path = inside if inside.is_file() else resolve_config_path(name)
     try:
         path.resolve().relative_to(root)
     except ValueError:
