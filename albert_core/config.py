@@ -11,6 +11,7 @@ from typing import Any
 
 SHARING_MODES = ("all", "attention", "ffn", "none")
 ACTIVATIONS = ("gelu_new", "gelu", "relu")
+POSITION_BIASES = ("none", "alibi", "rotary")
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,11 @@ class AlbertConfig:
     # "sinusoidal" (the Transformer's sinusoids scaled to that std): every position is told apart from the first
     # step, which shortens early training at small scale. Only the initial values differ; checkpoints are alike.
     position_embedding_init: str = "normal"
+    # Relative position information inside attention, on top of the absolute position embeddings: "none" (the
+    # paper), "alibi" (each head's scores get -slope * |i - j|, symmetric as in MosaicBERT; slopes 2^(-8h/heads))
+    # or "rotary" (RoPE on queries and keys). A departure from the paper for small-scale recipes: attention can
+    # look at a masked piece's neighbours from the first step. transformers' ALBERT cannot load either.
+    position_bias: str = "none"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -119,6 +125,15 @@ class AlbertConfig:
         if self.position_embedding_init not in ("normal", "sinusoidal"):
             raise ConfigError(
                 f"position_embedding_init: expected normal or sinusoidal, got {self.position_embedding_init!r}"
+            )
+        if self.position_bias not in POSITION_BIASES:
+            raise ConfigError(
+                f"position_bias: expected one of {', '.join(POSITION_BIASES)}, got {self.position_bias!r}"
+            )
+        if self.position_bias == "rotary" and (self.hidden_size // self.num_attention_heads) % 2:
+            raise ConfigError(
+                f"position_bias: rotary needs an even head size, got hidden_size {self.hidden_size} / "
+                f"num_attention_heads {self.num_attention_heads}"
             )
         if self.layer_norm_position not in ("post", "pre"):
             raise ConfigError(f"layer_norm_position: expected post or pre, got {self.layer_norm_position!r}")

@@ -172,6 +172,11 @@ def _hf_kind(config: AlbertConfig) -> str:
             f"layer_norm_position: {config.layer_norm_position!r} has no transformers equivalent "
             "(transformers' ALBERT and BERT are post-LN)"
         )
+    if config.position_bias != "none":
+        raise ValueError(
+            f"position_bias: {config.position_bias!r} has no transformers equivalent "
+            "(transformers' ALBERT and BERT use absolute position embeddings only)"
+        )
     if config.sharing in ("attention", "ffn"):
         raise ValueError(
             f"sharing: {config.sharing!r} sharing has no transformers equivalent "

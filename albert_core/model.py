@@ -107,10 +107,14 @@ class Attention(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None, rotary: tuple[Tensor, Tensor] | None = None) -> Tensor:
         B, T, H = x.shape
         h = self.layer_norm(x) if self.pre_norm else x
         q, k, v = self.qkv(h).view(B, T, 3, self.num_heads, H // self.num_heads).permute(2, 0, 3, 1, 4)
+        if rotary is not None:
+            q, k = rotate(q, *rotary), rotate(k, *rotary)
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.to(q.dtype)  # an ALiBi bias, in the scores' dtype under autocast
         p = self.attention_dropout if self.training else 0.0
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         out = x + self.dropout(self.dense(context.transpose(1, 2).reshape(B, T, H)))
@@ -152,13 +156,48 @@ class Encoder(nn.Module):
         self, x: Tensor, mask: Tensor | None, output_hidden_states: bool = False
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         states = [x] if output_hidden_states else None
+        rotary = None
+        if self.config.position_bias == "rotary":
+            rotary = rotary_tables(x.shape[1], self.config.hidden_size // self.config.num_attention_heads, x)
+        elif self.config.position_bias == "alibi":
+            mask = alibi_mask(mask, x.shape[1], self.config.num_attention_heads, x)
         for a, f in zip(self.attention_index, self.ffn_index, strict=True):
-            x = self.ffn_blocks[f](self.attention_blocks[a](x, mask))
+            x = self.ffn_blocks[f](self.attention_blocks[a](x, mask, rotary))
             if states is not None:
                 states.append(x)
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
         return x, tuple(states) if states is not None else None
+
+
+def alibi_slopes(heads: int) -> Tensor:
+    """ALiBi's per-head slopes 2^(-8h/heads), h = 1..heads (Press et al. 2022)."""
+    return torch.pow(2.0, -8.0 * torch.arange(1, heads + 1, dtype=torch.float32) / heads)
+
+
+def alibi_mask(mask: Tensor | None, T: int, heads: int, like: Tensor) -> Tensor:
+    """A float (B or 1, heads, T, T) attention bias: -slope * |i - j|, and -inf where `mask` (B, 1, 1, T) is False."""
+    positions = torch.arange(T, device=like.device)
+    distance = (positions[None, :] - positions[:, None]).abs().to(like.dtype)
+    bias = -alibi_slopes(heads).to(like.device, like.dtype)[:, None, None] * distance  # (heads, T, T)
+    bias = bias[None]
+    if mask is not None:
+        bias = bias.masked_fill(~mask, float("-inf"))
+    return bias
+
+
+def rotary_tables(T: int, head_size: int, like: Tensor, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """RoPE's (T, head_size) cos and sin tables, each frequency repeated for the two halves (Su et al. 2021)."""
+    inverse = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32, device=like.device) / head_size)
+    angles = torch.arange(T, dtype=torch.float32, device=like.device)[:, None] * inverse[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE on (B, heads, T, head_size): x * cos + rotate_half(x) * sin."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([-second, first], dim=-1) * sin.to(x.dtype)
 
 
 def init_weights(module: nn.Module, std: float) -> None:

@@ -218,3 +218,12 @@ def test_a_pre_ln_model_is_not_exported_to_transformers_which_has_only_post_ln()
     state = AlbertForPreTraining(config).state_dict()
     with pytest.raises(ValueError, match="layer_norm_position: 'pre' has no transformers equivalent"):
         to_hf(state, config)
+
+
+@pytest.mark.parametrize("bias", ["alibi", "rotary"])
+def test_a_model_with_a_position_bias_is_not_exported_to_transformers(bias):
+    config = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=2,
+                          num_attention_heads=2, intermediate_size=32, position_bias=bias)  # fmt: skip
+    state = AlbertForPreTraining(config).state_dict()
+    with pytest.raises(ValueError, match=f"position_bias: '{bias}' has no transformers equivalent"):
+        to_hf(state, config)

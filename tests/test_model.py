@@ -176,3 +176,80 @@ def test_pre_ln_blocks_normalize_before_each_sublayer_and_once_after_the_last_la
 def test_an_unknown_layer_norm_position_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="layer_norm_position: expected post or pre"):
         small(layer_norm_position="sandwich")
+
+
+def _attention_by_hand(a, x, bias=None, rotate_qk=None):
+    """One post-LN attention block with einsum and softmax (not SDPA): scores + bias, optional q/k rotation."""
+    B, T, H = x.shape
+    heads = a.num_heads
+    q, k, v = a.qkv(x).view(B, T, 3, heads, H // heads).permute(2, 0, 3, 1, 4)
+    if rotate_qk is not None:
+        q, k = rotate_qk(q), rotate_qk(k)
+    scores = torch.einsum("bhid,bhjd->bhij", q, k) / (H // heads) ** 0.5
+    if bias is not None:
+        scores = scores + bias
+    context = torch.einsum("bhij,bhjd->bhid", scores.softmax(-1), v).transpose(1, 2).reshape(B, T, H)
+    return a.layer_norm(x + a.dense(context))
+
+
+def test_alibi_adds_minus_slope_times_distance_to_each_heads_scores_and_masks_padding():
+    torch.manual_seed(0)
+    model = AlbertModel(small(position_bias="alibi", num_hidden_layers=1)).eval()
+    ids, mask, types = batch(model.config, t=10)
+    mask[1, 7:] = 0
+    x = model.embeddings(ids, types)
+    slopes = torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8])  # 2^(-8h/4), h = 1..4
+    distance = (torch.arange(10)[None, :] - torch.arange(10)[:, None]).abs().float()
+    bias = (-slopes[:, None, None] * distance)[None].repeat(2, 1, 1, 1)
+    bias[1, :, :, 7:] = float("-inf")
+    block = model.encoder.attention_blocks[0]
+    expected = model.encoder.ffn_blocks[0](_attention_by_hand(block, x, bias))
+    torch.testing.assert_close(model(ids, mask, types).last_hidden_state, expected, rtol=1e-5, atol=1e-5)
+    plain = AlbertModel(small(num_hidden_layers=1)).eval()
+    plain.load_state_dict(model.state_dict())  # same weights, no bias: the outputs differ
+    assert not torch.allclose(plain(ids, mask, types).last_hidden_state, expected, atol=1e-3)
+
+
+def test_rotary_rotates_each_query_and_key_pair_by_its_position_angle():
+    torch.manual_seed(0)
+    model = AlbertModel(small(position_bias="rotary", num_hidden_layers=1)).eval()
+    ids, mask, types = batch(model.config, t=10)
+    x = model.embeddings(ids, types)
+    d = 8  # head size 32 / 4
+    theta = 10000.0 ** (-torch.arange(0, d, 2).float() / d)  # (d/2,)
+    angle = torch.arange(10).float()[:, None] * theta[None, :]  # (T, d/2)
+
+    def rotate_qk(t):  # pairs (i, i + d/2) rotated by angle[pos, i]
+        first, second = t[..., : d // 2], t[..., d // 2 :]
+        cos, sin = angle.cos(), angle.sin()
+        return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+    block = model.encoder.attention_blocks[0]
+    expected = model.encoder.ffn_blocks[0](_attention_by_hand(block, x, rotate_qk=rotate_qk))
+    torch.testing.assert_close(model(ids, mask, types).last_hidden_state, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_scores_depend_on_the_offset_between_positions_only():
+    from albert_core.model import rotary_tables, rotate
+
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
+    cos, sin = rotary_tables(40, 8, q)
+
+    def score(i, j):
+        return float((rotate(q, cos[i : i + 1], sin[i : i + 1]) * rotate(k, cos[j : j + 1], sin[j : j + 1])).sum())
+
+    assert score(3, 5) == pytest.approx(score(30, 32), abs=1e-5)
+    assert score(3, 5) != pytest.approx(score(3, 6), abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(position_bias="relative"), "position_bias: expected one of none, alibi, rotary"),
+        (dict(position_bias="rotary", hidden_size=36, num_attention_heads=4), "rotary needs an even head size"),
+    ],
+)
+def test_a_bad_position_bias_is_refused_naming_the_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        small(**changes)
