@@ -136,9 +136,10 @@ def test_setup_rejects_an_unknown_pjrt_device():
         setup_xla_worker("gpux")
 
 
-def test_lamb_steps_on_xla_match_eager_cpu(worker):
+@pytest.mark.parametrize("position_bias", ["none", "rotary", "alibi"])
+def test_lamb_steps_on_xla_match_eager_cpu(worker, position_bias):
     torch.manual_seed(0)
-    cpu_model = AlbertForPreTraining(tiny_config())
+    cpu_model = AlbertForPreTraining(tiny_config(position_bias=position_bias))
     initial = copy.deepcopy(cpu_model.state_dict())
     xla_model = copy.deepcopy(cpu_model).to(worker.device)
     cpu_opt, cpu_sched = lamb(cpu_model)
