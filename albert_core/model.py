@@ -158,9 +158,9 @@ class Encoder(nn.Module):
         states = [x] if output_hidden_states else None
         rotary = None
         if self.config.position_bias == "rotary":
-            rotary = rotary_tables(x.shape[1], self.config.hidden_size // self.config.num_attention_heads, x)
+            rotary = rotary_tables(x.shape[1], self.config.hidden_size // self.config.num_attention_heads, x.device)
         elif self.config.position_bias == "alibi":
-            mask = alibi_mask(mask, x.shape[1], self.config.num_attention_heads, x)
+            mask = alibi_mask(mask, x.shape[1], self.config.num_attention_heads, x.device)
         for a, f in zip(self.attention_index, self.ffn_index, strict=True):
             x = self.ffn_blocks[f](self.attention_blocks[a](x, mask, rotary))
             if states is not None:
@@ -175,23 +175,23 @@ def alibi_slopes(heads: int) -> Tensor:
     return torch.pow(2.0, -8.0 * torch.arange(1, heads + 1, dtype=torch.float32) / heads)
 
 
-def alibi_mask(mask: Tensor | None, T: int, heads: int, like: Tensor) -> Tensor:
-    """A float (B or 1, heads, T, T) attention bias: -slope * |i - j|, and -inf where `mask` (B, 1, 1, T) is False."""
-    positions = torch.arange(T, device=like.device)
-    distance = (positions[None, :] - positions[:, None]).abs().to(like.dtype)
-    bias = -alibi_slopes(heads).to(like.device, like.dtype)[:, None, None] * distance  # (heads, T, T)
-    bias = bias[None]
+def alibi_mask(mask: Tensor | None, T: int, heads: int, device: torch.device) -> Tensor:
+    """A float32 (B or 1, heads, T, T) attention bias: -slope * |i - j|, -inf where `mask` (B, 1, 1, T) is False."""
+    positions = torch.arange(T, device=device)
+    distance = (positions[None, :] - positions[:, None]).abs().float()
+    bias = (-alibi_slopes(heads).to(device)[:, None, None] * distance)[None]  # (1, heads, T, T)
     if mask is not None:
         bias = bias.masked_fill(~mask, float("-inf"))
     return bias
 
 
-def rotary_tables(T: int, head_size: int, like: Tensor, base: float = 10000.0) -> tuple[Tensor, Tensor]:
-    """RoPE's (T, head_size) cos and sin tables, each frequency repeated for the two halves (Su et al. 2021)."""
-    inverse = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32, device=like.device) / head_size)
-    angles = torch.arange(T, dtype=torch.float32, device=like.device)[:, None] * inverse[None, :]
+def rotary_tables(T: int, head_size: int, device: torch.device, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """RoPE's float32 (T, head_size) cos and sin tables, each frequency repeated for the two halves (Su et al.
+    2021); `rotate` casts them to the queries' dtype."""
+    inverse = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32, device=device) / head_size)
+    angles = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inverse[None, :]
     angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
+    return angles.cos(), angles.sin()
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

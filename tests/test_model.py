@@ -234,7 +234,7 @@ def test_rotary_scores_depend_on_the_offset_between_positions_only():
 
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
-    cos, sin = rotary_tables(40, 8, q)
+    cos, sin = rotary_tables(40, 8, q.device)
 
     def score(i, j):
         return float((rotate(q, cos[i : i + 1], sin[i : i + 1]) * rotate(k, cos[j : j + 1], sin[j : j + 1])).sum())
