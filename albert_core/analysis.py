@@ -80,6 +80,21 @@ def layer_transitions(model: nn.Module, batches: Iterable[Mapping[str, Any]]) ->
     ]
 
 
+def transition_roughness(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """How much the layer transitions of layer_transitions' rows oscillate (the paper's Figure 1: smooth for
+    ALBERT, oscillating for BERT): the mean absolute change between consecutive layers' L2 distance, relative to
+    the mean L2 distance ("l2_roughness"), and the mean absolute change of the cosine similarity
+    ("cosine_roughness"). 0 for a constant transition; needs at least two layers."""
+    if len(rows) < 2:
+        raise ValueError(f"transition_roughness: needs at least two layers, got {len(rows)}")
+    l2 = [float(r["l2"]) for r in rows]
+    cosine = [float(r["cosine"]) for r in rows]
+    steps = len(rows) - 1
+    l2_change = sum(abs(b - a) for a, b in zip(l2[:-1], l2[1:], strict=True)) / steps
+    cosine_change = sum(abs(b - a) for a, b in zip(cosine[:-1], cosine[1:], strict=True)) / steps
+    return {"l2_roughness": l2_change / max(sum(l2) / len(l2), 1e-12), "cosine_roughness": cosine_change}
+
+
 def pad_batches(
     sequences: Sequence[Sequence[int]],
     *,

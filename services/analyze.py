@@ -22,6 +22,8 @@ from services.run_config import RunConfig
 if TYPE_CHECKING:
     from argparse import Namespace  # the parsed `albert analyze layers` options (services.cli builds the parser)
 
+    from torch import nn
+
 LAYERS_CSV = "layers.csv"
 LAYERS_PNG = "layers.png"
 
@@ -97,6 +99,22 @@ def _heldout_sequences(
     if not examples:
         raise ValueError(f"{heldout}: the held-out documents yield no pairs")
     return [e.input_ids for e in examples], [e.token_type_ids for e in examples], ids.pad_id, ids.vocab_size
+
+
+def heldout_transitions(
+    model: nn.Module,
+    heldout: str | Path,
+    *,
+    max_seq_length: int,
+    max_examples: int = 256,
+    batch_size: int = 16,
+    seed: int = 12345,
+) -> list[dict[str, float]]:
+    """layer_transitions of `model` over unmasked pairs of a shard set's held-out documents (its tokenizer's ids)."""
+    from albert_core.analysis import layer_transitions, pad_batches
+
+    sequences, types, pad_id, _ = _heldout_sequences(Path(heldout), None, max_seq_length, max_examples, seed)
+    return layer_transitions(model, pad_batches(sequences, pad_id=pad_id, batch_size=batch_size, token_type_ids=types))
 
 
 def analyze_layers(

@@ -347,8 +347,9 @@ def add_analyze_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
-    """`albert experiment run|table` (services.experiment)."""
+    """`albert experiment run|table|report` (services.experiment, services.experiment_report)."""
     from services.experiment import cmd_experiment_run, cmd_experiment_table
+    from services.experiment_report import cmd_experiment_report
 
     experiment = commands.add_parser("experiment", help="ablation grids of pretraining runs").add_subparsers(
         dest="action", required=True
@@ -363,6 +364,16 @@ def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
     table = experiment.add_parser("table", help="rewrite results.csv / results.md from the finished cells")
     table.add_argument("spec")
     table.set_defaults(func=cmd_experiment_table)
+    report = experiment.add_parser(
+        "report", help="one markdown report (tables over seeds, verdicts, PNGs) over several specs' finished cells"
+    )
+    report.add_argument("specs", nargs="+", metavar="SPEC", help="configs/experiments/NAME.toml (in report order)")
+    report.add_argument("--out", required=True, help="the markdown file; PNGs and CSVs go to its stem's directory")
+    report.add_argument("--run", action="store_true", help="run the specs' unfinished cells first (finished: skipped)")
+    report.add_argument("--title", default="Experiments")
+    report.add_argument("--address", help="Ray cluster address for the training workers; default: embedded local Ray")
+    report.add_argument("--no-progress", action="store_true")
+    report.set_defaults(func=cmd_experiment_report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from albert_core.config import ConfigError, count_parameters
 from albert_core.files import atomic_write_bytes, atomic_write_csv
 from services.analyze import cmd_analyze_layers  # noqa: F401 (kept for `register`'s callers, see there)
 from services.experiment_spec import (
+    RESULT_METRICS,
     RUNS_DIR,
     Cell,
     ExperimentSpec,
@@ -31,6 +32,7 @@ from services.experiment_spec import (
     init_source,
     shards_dir,
 )
+from services.experiment_stats import claims_markdown, summary_markdown
 from services.run_config import RunConfig
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ CELLS_DIR = "cells"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 MARKER_VERSION = 1
-METRIC_COLUMNS = ("mlm_acc", "mlm_loss", "sop_acc", "nsp_acc", "sop_probe", "nsp_probe")
+METRIC_COLUMNS = RESULT_METRICS
 
 
 # ============================================================================================================
@@ -194,10 +196,11 @@ def evaluate_cell(
     `heldout`: the intrinsic metrics when they were measured already (the coordinator's evaluation); else they are
     measured here. "heldout_eval" says which.
     """
-    from albert_core.analysis import pair_probe
+    from albert_core.analysis import pair_probe, transition_roughness
     from albert_core.checkpoint import load_model
     from albert_core.evaluation import read_heldout
     from albert_core.shards import HELDOUT_FILE
+    from services.analyze import heldout_transitions
     from services.eval import IntrinsicOptions, evaluate_model
     from services.train import resolve_token_ids
 
@@ -227,6 +230,11 @@ def evaluate_cell(
         )
         result[f"{task}_probe"] = measured["acc"]
         result[f"{task}_probe_detail"] = measured
+    if model.config.num_hidden_layers >= 2:  # Figure 1: how much the layer transitions oscillate
+        layers = heldout_transitions(
+            model, shards / HELDOUT_FILE, max_seq_length=config.data.max_seq_length, seed=config.run.seed
+        )
+        result.update(transition_roughness(layers), layers=layers)
     result["params"] = count_parameters(model.config)
     return result
 
@@ -367,9 +375,21 @@ def markdown_table(spec: ExperimentSpec, columns: list[str], rows: list[dict[str
         "pretrained, on SOP and NSP pairs (a model pretrained without a pair objective has an untrained head). "
         "sop_probe / nsp_probe: a logistic regression fitted on the frozen pooled [CLS] of pairs from half of the "
         "held-out documents, scored on the other half. params: embeddings + encoder + pooler "
-        "(albert_core.config.count_parameters). train_s: wall seconds of the pretraining run.",
+        "(albert_core.config.count_parameters). l2_roughness / cosine_roughness: how much the layer transitions "
+        "oscillate (Figure 1; albert_core.analysis.transition_roughness). train_s: wall seconds of the pretraining "
+        "run.",
         "",
     ]
+    if spec.seeds:
+        results = collect_results(spec)
+        lines += ["## Over seeds", "", summary_markdown(spec, results, METRIC_COLUMNS)]
+        lines += [
+            "Mean ± standard error over the seeds (run.seed: initialization, data order and masks); Δ: the "
+            "difference of the means to the reference group with a 95% interval (Welch).",
+            "",
+        ]
+    if spec.claims:
+        lines += ["## Claims", "", claims_markdown(spec, collect_results(spec))]
     return "\n".join(lines)
 
 

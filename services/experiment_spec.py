@@ -21,6 +21,10 @@ from services.run_config import RunConfig, resolve_config_path
 
 RUNS_DIR = "runs"
 RUN_SECTIONS = ("run", "model", "data", "optim", "train", "eval")
+# What a finished cell measures (services.experiment.evaluate_cell), the metrics tables and claims can name.
+RESULT_METRICS = (
+    "mlm_acc", "mlm_loss", "sop_acc", "nsp_acc", "sop_probe", "nsp_probe", "l2_roughness", "cosine_roughness",
+)  # fmt: skip
 
 
 @dataclass
@@ -51,6 +55,19 @@ class ProbeSpec:
 class Cell:
     name: str
     values: dict[str, Any]  # dotted field -> value
+    group: str = ""  # the cell without its seed (= name when the spec has no seeds)
+
+
+@dataclass
+class Claim:
+    """A finding of the paper as a comparison the report can decide: `metric` of group `higher` exceeds that of
+    `lower` (a group name, or a number such as 0.5 for chance)."""
+
+    text: str
+    metric: str
+    higher: str
+    lower: str | float
+    paper: str = ""  # the paper's numbers, quoted in the report
 
 
 @dataclass
@@ -59,11 +76,15 @@ class ExperimentSpec:
     recipe: str
     output_dir: str = "runs/experiments"
     description: str = ""
+    notes: str = ""  # what the report says under the spec's tables (markdown)
     set: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, list[Any]] = field(default_factory=dict)
     cells: list[dict[str, Any]] = field(default_factory=list)
     preprocess: PreprocessSpec | None = None
     probe: ProbeSpec = field(default_factory=ProbeSpec)
+    seeds: list[int] = field(default_factory=list)  # each cell runs once per seed (run.seed), named <cell>_seed-<s>
+    reference: str = ""  # the group differences are taken against (default: the first)
+    claims: list[Claim] = field(default_factory=list)
     source: str = "experiment"
 
     @property
@@ -83,7 +104,7 @@ class ExperimentSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "experiment") -> ExperimentSpec:
-        known = {"experiment", "set", "grid", "cells", "preprocess", "probe"}
+        known = {"experiment", "set", "grid", "cells", "preprocess", "probe", "claims"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{source}: [{unknown[0]}]: unknown table (expected {', '.join(sorted(known))})")
@@ -93,7 +114,7 @@ class ExperimentSpec:
                 raise ConfigError(f"{source}: experiment.{required}: expected a non-empty string")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", head["name"]):
             raise ConfigError(f"{source}: experiment.name: use letters, digits, '.', '_' and '-', got {head['name']!r}")
-        extra = sorted(set(head) - {"name", "recipe", "output_dir", "description"})
+        extra = sorted(set(head) - {"name", "recipe", "output_dir", "description", "notes", "seeds", "reference"})
         if extra:
             raise ConfigError(f"{source}: experiment.{extra[0]}: unknown field")
         grid = data.get("grid", {})
@@ -110,27 +131,50 @@ class ExperimentSpec:
         bad = [t for t in probe.tasks if t not in ("sop", "nsp")]
         if bad:
             raise ConfigError(f"{source}: probe.tasks: expected 'sop' and/or 'nsp', got {bad[0]!r}")
+        seeds = head.get("seeds", [])
+        if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+            raise ConfigError(f"{source}: experiment.seeds: expected a list of integers, got {seeds!r}")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError(f"{source}: experiment.seeds: the seeds must differ, got {seeds!r}")
+        claims = data.get("claims", [])
+        if not isinstance(claims, list):
+            raise ConfigError(f"{source}: claims: expected an array of tables ([[claims]])")
+        claims = [_dataclass_from(Claim, c, f"{source}: claims[{i}]") for i, c in enumerate(claims)]
         spec = cls(
             name=head["name"],
             recipe=head["recipe"],
             output_dir=head.get("output_dir", "runs/experiments"),
             description=head.get("description", ""),
+            notes=head.get("notes", ""),
             set=dict(data.get("set", {})),
             grid=dict(grid),
             cells=list(cells),
             preprocess=preprocess,
             probe=probe,
+            seeds=list(seeds),
+            reference=head.get("reference", ""),
+            claims=claims,
             source=source,
         )
         spec.validate()
         return spec
 
     def expand(self) -> list[Cell]:
+        """The cells to run: each group once per seed (seed slowest, so every group has a first result early),
+        or the groups themselves when the spec has no seeds."""
+        groups = self.groups()
+        if not self.seeds:
+            return groups
+        return [
+            Cell(f"{g.name}_seed-{seed}", {**g.values, "run.seed": seed}, g.name) for seed in self.seeds for g in groups
+        ]
+
+    def groups(self) -> list[Cell]:
         """The grid's combinations (first axis slowest), then the explicit cells; names must be unique."""
         combos = [dict(zip(self.grid, values, strict=True)) for values in itertools.product(*self.grid.values())]
         if not self.grid:
             combos = []
-        cells = [Cell(cell_name(values), values) for values in combos]
+        cells = [Cell(cell_name(values), values, cell_name(values)) for values in combos]
         for explicit in self.cells:
             values = {k: v for k, v in explicit.items() if k != "name"}
             name = explicit.get("name", cell_name(values))
@@ -138,9 +182,9 @@ class ExperimentSpec:
                 raise ConfigError(
                     f"{self.source}: cells: name: use letters, digits, '.', '_', '=' and '-', got {name!r}"
                 )
-            cells.append(Cell(name, values))
+            cells.append(Cell(name, values, name))
         if not cells:
-            cells = [Cell(cell_name({}), {})]  # no axes: one cell, the recipe with [set]
+            cells = [Cell(cell_name({}), {}, cell_name({}))]  # no axes: one cell, the recipe with [set]
         seen: dict[str, dict] = {}
         for cell in cells:
             if cell.name in seen:
@@ -150,6 +194,21 @@ class ExperimentSpec:
 
     def validate(self) -> None:
         """Build every cell's RunConfig (and preprocess options): all errors surface before any run starts."""
+        names = [g.name for g in self.groups()]
+        if self.reference and self.reference not in names:
+            raise ConfigError(
+                f"{self.source}: experiment.reference: no cell named {self.reference!r} ({', '.join(names)})"
+            )
+        for i, claim in enumerate(self.claims):
+            if claim.metric not in RESULT_METRICS:
+                raise ConfigError(
+                    f"{self.source}: claims[{i}].metric: expected one of {', '.join(RESULT_METRICS)}, "
+                    f"got {claim.metric!r}"
+                )
+            sides = [claim.higher] + ([claim.lower] if isinstance(claim.lower, str) else [])
+            for side in sides:
+                if side not in names:
+                    raise ConfigError(f"{self.source}: claims[{i}]: no cell named {side!r} ({', '.join(names)})")
         for cell in self.expand():
             cell_config(self, cell)
             if self.preprocess is None and any(k.startswith("preprocess.") for k in self.fields_of(cell)):
@@ -250,11 +309,14 @@ def cell_config(spec: ExperimentSpec, cell: Cell) -> RunConfig:
 
 
 def init_source(spec: ExperimentSpec, cell: Cell) -> Cell | None:
-    """The earlier cell whose final checkpoint `model.init_from = "cell:NAME"` names, or None."""
+    """The earlier cell whose final checkpoint `model.init_from = "cell:NAME"` names (with seeds: NAME's cell of
+    the same seed), or None."""
     value = spec.fields_of(cell).get("model.init_from")
     if not isinstance(value, str) or not value.startswith("cell:"):
         return None
     name = value.removeprefix("cell:")
+    if spec.seeds:
+        name = f"{name}_seed-{cell.values['run.seed']}"
     cells = spec.expand()
     earlier = cells[: [c.name for c in cells].index(cell.name)]
     source = next((c for c in earlier if c.name == name), None)

@@ -235,7 +235,7 @@ def test_shipped_experiment_specs_load_and_validate(monkeypatch):
     assert len(specs) >= 6
     for path in specs:
         spec = ExperimentSpec.load(path)
-        assert 2 <= len(spec.expand()) <= 16, path
+        assert 2 <= len(spec.groups()) <= 16 and len(spec.expand()) <= 24, path
 
 
 # --- markers, resume and tables ----------------------------------------------------------------------------
