@@ -38,7 +38,6 @@ from services.run_config import RunConfig
 if TYPE_CHECKING:
     from argparse import Namespace, _SubParsersAction  # services.cli builds the parsers
 
-CELLS_DIR = "cells"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 MARKER_VERSION = 1
@@ -97,7 +96,7 @@ def cell_fingerprint(spec: ExperimentSpec, cell: Cell) -> str:
 
 
 def marker_path(spec: ExperimentSpec, cell: Cell) -> Path:
-    return spec.directory / CELLS_DIR / f"{cell.name}.json"
+    return spec.markers / f"{cell.name}.json"
 
 
 def finished_result(spec: ExperimentSpec, cell: Cell) -> dict[str, Any] | None:
@@ -280,10 +279,20 @@ def run_cell(spec: ExperimentSpec, cell: Cell, *, address: str | None = None, pr
         "checkpoint": str(result.checkpoint),
         "shards": config.data.shards,
         **metrics,
+        "curve": training_curve(config.run_dir),
     }
     marker = {"version": MARKER_VERSION, "fingerprint": cell_fingerprint(spec, cell), "result": record}
     atomic_write_bytes(marker_path(spec, cell), (json.dumps(marker, indent=2, default=str) + "\n").encode())
     return record
+
+
+def training_curve(run_dir: str | Path) -> list[list[float]]:
+    """[step, mlm_acc, pair_acc] of each training log line of a run (the last line of a step wins, as after a
+    resume), kept in the cell's marker so that the report needs no run directory."""
+    from services.run_log import read_metrics
+
+    steps = {int(r["step"]): r for r in read_metrics(run_dir) if r.get("kind") == "train" and "mlm_acc" in r}
+    return [[step, round(steps[step]["mlm_acc"], 5), round(steps[step]["pair_acc"], 5)] for step in sorted(steps)]
 
 
 def run_experiment(

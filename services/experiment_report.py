@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 
 from albert_core.files import atomic_write_bytes
 from services.experiment import METRIC_COLUMNS, RESULTS_CSV, collect_results, run_experiment, write_tables
-from services.experiment_spec import ExperimentSpec, cell_config
+from services.experiment_spec import ExperimentSpec
 from services.experiment_stats import claims_markdown, format_difference, group_results, judge, summary_markdown
-from services.run_log import read_metrics
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -101,23 +100,18 @@ def write_report(specs: list[ExperimentSpec], out: Path, *, title: str, command:
 
 
 def _group_curves(spec: ExperimentSpec) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """group -> metric -> [(step, mean over the group's seeds)] of the training log's mlm_acc and pair_acc."""
-    finished = {r["cell"] for r in collect_results(spec)}
-    per_group: dict[str, list[dict[int, dict[str, float]]]] = {}
-    for cell in spec.expand():
-        if cell.name not in finished:
-            continue
-        train = [r for r in read_metrics(cell_config(spec, cell).run_dir) if r.get("kind", "train") == "train"]
-        steps = {int(r["step"]): r for r in train if "mlm_acc" in r}
-        per_group.setdefault(cell.group, []).append(steps)
+    """group -> metric -> [(step, mean over the group's seeds)] of the training log's mlm_acc and pair_acc (the
+    markers' "curve"), a moving mean of SMOOTH points."""
     curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    for group, runs in per_group.items():
-        common = sorted(set.intersection(*(set(r) for r in runs)))
-        for metric in ("mlm_acc", "pair_acc"):
-            means = [sum(r[s][metric] for r in runs) / len(runs) for s in common]
-            smooth = [sum(means[max(0, i - SMOOTH + 1) : i + 1]) / len(means[max(0, i - SMOOTH + 1) : i + 1])
-                      for i in range(len(means))]  # fmt: skip
-            curves.setdefault(group, {})[metric] = list(zip(common, smooth, strict=True))
+    for group, results in group_results(spec, collect_results(spec)).items():
+        runs = [{int(step): (mlm, pair) for step, mlm, pair in r["curve"]} for r in results if r.get("curve")]
+        if not runs:
+            continue
+        common = sorted(set.intersection(*(set(run) for run in runs)))
+        for index, metric in enumerate(("mlm_acc", "pair_acc")):
+            means = [sum(run[s][index] for run in runs) / len(runs) for s in common]
+            window = [means[max(0, i - SMOOTH + 1) : i + 1] for i in range(len(means))]
+            curves.setdefault(group, {})[metric] = [(s, sum(w) / len(w)) for s, w in zip(common, window, strict=True)]
     return curves
 
 

@@ -77,6 +77,7 @@ class ExperimentSpec:
     output_dir: str = "runs/experiments"
     description: str = ""
     notes: str = ""  # what the report says under the spec's tables (markdown)
+    cells_dir: str = ""  # where finished cells' markers go (default <output_dir>/<name>/cells); e.g. under reports/
     set: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, list[Any]] = field(default_factory=dict)
     cells: list[dict[str, Any]] = field(default_factory=list)
@@ -90,6 +91,12 @@ class ExperimentSpec:
     @property
     def directory(self) -> Path:
         return Path(self.output_dir) / self.name
+
+    @property
+    def markers(self) -> Path:
+        """The finished cells' markers: small JSON results (with each cell's training curve) that can be kept
+        apart from the runs and their checkpoints, e.g. committed under reports/."""
+        return Path(self.cells_dir) if self.cells_dir else self.directory / "cells"
 
     @classmethod
     def load(cls, path: str | Path) -> ExperimentSpec:
@@ -114,7 +121,8 @@ class ExperimentSpec:
                 raise ConfigError(f"{source}: experiment.{required}: expected a non-empty string")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", head["name"]):
             raise ConfigError(f"{source}: experiment.name: use letters, digits, '.', '_' and '-', got {head['name']!r}")
-        extra = sorted(set(head) - {"name", "recipe", "output_dir", "description", "notes", "seeds", "reference"})
+        head_fields = {"name", "recipe", "output_dir", "cells_dir", "description", "notes", "seeds", "reference"}
+        extra = sorted(set(head) - head_fields)
         if extra:
             raise ConfigError(f"{source}: experiment.{extra[0]}: unknown field")
         grid = data.get("grid", {})
@@ -146,6 +154,7 @@ class ExperimentSpec:
             output_dir=head.get("output_dir", "runs/experiments"),
             description=head.get("description", ""),
             notes=head.get("notes", ""),
+            cells_dir=head.get("cells_dir", ""),
             set=dict(data.get("set", {})),
             grid=dict(grid),
             cells=list(cells),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from albert_core.analysis import transition_roughness
 from albert_core.config import AlbertConfig, ConfigError, count_parameters
 from albert_core.files import atomic_write_bytes
 from albert_core.tokenization import MODEL_FILE, TokenizerTrainConfig, train_tokenizer
@@ -456,6 +457,13 @@ def test_a_real_cell_pretrains_to_its_last_step_and_records_heldout_accuracies(r
         assert 0.0 <= record[key] <= 1.0, key
     assert record["sop_examples"] > 0 and record["nsp_probe_detail"]["test_examples"] > 0
     assert math.isfinite(record["mlm_loss"]) and math.isfinite(record["final_loss"])
+    # Figure 1 of the cell: both layers' transitions, and how much they change from one to the next
+    assert [row["layer"] for row in record["layers"]] == [1, 2] and record["layers"][0]["l2"] > 0
+    assert record["l2_roughness"] == pytest.approx(transition_roughness(record["layers"])["l2_roughness"])
+    # the training curve, one point per logged step, as the run's metrics.jsonl has it
+    train = [r for r in read_metrics(run_outputs["run_dir"]) if r.get("kind") == "train"]
+    assert [point[0] for point in record["curve"]] == [1, 2, 3] == [r["step"] for r in train]
+    assert record["curve"][-1][1] == pytest.approx(train[-1]["mlm_acc"], abs=1e-5)
 
 
 @pytest.mark.ray
