@@ -120,22 +120,11 @@ def plot_curves(spec: ExperimentSpec, path: Path) -> Path | None:
     curves = _group_curves(spec)
     if not curves:
         return None
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for group, metrics in curves.items():
-        for ax, metric in zip(axes, ("mlm_acc", "pair_acc"), strict=True):
-            points = metrics[metric]
-            ax.plot([s for s, _ in points], [v for _, v in points], label=group)
-    for ax, label in zip(axes, ("training MLM accuracy", "training pair-task accuracy"), strict=True):
-        ax.set_xlabel("step")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{spec.name}: mean over seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    lines = {
+        label: {group: metrics[metric] for group, metrics in curves.items()}
+        for label, metric in (("training MLM accuracy", "mlm_acc"), ("training pair-task accuracy", "pair_acc"))
+    }
+    return _two_panels(lines, "step", f"{spec.name}: mean over seeds", path)
 
 
 def plot_layers(spec: ExperimentSpec, path: Path) -> Path | None:
@@ -145,32 +134,37 @@ def plot_layers(spec: ExperimentSpec, path: Path) -> Path | None:
     groups = {g: runs for g, runs in groups.items() if runs}
     if not groups:
         return None
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for group, runs in groups.items():
-        layers = [row["layer"] for row in runs[0]]
-        for ax, key in zip(axes, ("l2", "cosine"), strict=True):
-            mean = [sum(run[i][key] for run in runs) / len(runs) for i in range(len(layers))]
-            ax.plot(layers, mean, marker="o", label=group)
-    for ax, label in zip(axes, ("L2 distance (input, output)", "cosine similarity (input, output)"), strict=True):
-        ax.set_xlabel("layer")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{spec.name}: layer transitions on held-out pairs, mean over seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    lines = {
+        label: {
+            group: [(row["layer"], sum(run[i][key] for run in runs) / len(runs)) for i, row in enumerate(runs[0])]
+            for group, runs in groups.items()
+        }
+        for label, key in (("L2 distance (input, output)", "l2"), ("cosine similarity (input, output)", "cosine"))
+    }
+    return _two_panels(lines, "layer", f"{spec.name}: layer transitions on held-out pairs, mean over seeds", path)
 
 
-def _pyplot():
+def _two_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], xlabel: str, title: str, path: Path) -> Path:
+    """Side by side, one panel per ylabel: one line per group of (x, y) points."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4))
+    marker = "o" if xlabel == "layer" else None
+    for ax, (ylabel, lines) in zip(axes, panels.items(), strict=True):
+        for group, points in lines.items():
+            ax.plot([x for x, _ in points], [y for _, y in points], marker=marker, label=group)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 # ============================================================================================================

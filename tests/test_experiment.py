@@ -513,6 +513,17 @@ def test_the_run_writes_the_results_table(run_outputs):
 
 
 @pytest.mark.ray
+def test_the_report_of_a_real_cell_has_its_table_curves_and_layer_transitions(run_outputs, tmp_path):
+    from services.experiment_report import write_report
+
+    out = write_report([run_outputs["spec"]], tmp_path / "r.md", title="E2E", command="albert experiment report")
+    text = out.read_text()
+    assert "| objective-nsp | 1 | " in text  # one group, one run (the spec has no seeds)
+    for png in ("e2e-curves.png", "e2e-layers.png"):
+        assert f"(r/{png})" in text and (tmp_path / "r" / png).stat().st_size > 1000
+
+
+@pytest.mark.ray
 def test_analyze_layers_reads_our_checkpoint_on_its_heldout_documents(run_outputs, tmp_path):
     record = run_outputs["record"]
     heldout = Path(record["shards"]) / "heldout" / "documents.parquet"

@@ -4,7 +4,7 @@ The stacked path is the 2-layer cell (steps 1-300) followed by the stacked 4-lay
 301-600); the scratch cell is drawn as it ran. Each point is the mean of the step losses logged in a 50-step window
 (train.log_every = 10, so 5 logged steps of 32 sequences each).
 
-    .venv/bin/python reports/stacking_curves.py [runs/experiments/stacking-small] [reports]
+    .venv/bin/python reports/plateau/stacking_curves.py [runs/experiments/stacking-small] [reports/plateau]
 """
 
 from __future__ import annotations
@@ -63,4 +63,4 @@ def main(experiment: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(Path(args[0] if args else "runs/experiments/stacking-small"), Path(args[1] if len(args) > 1 else "reports"))
+    main(Path(args[0] if args else "runs/experiments/stacking-small"), Path(args[1] if len(args) > 1 else "reports/plateau"))
