@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -280,6 +281,7 @@ def run_cell(spec: ExperimentSpec, cell: Cell, *, address: str | None = None, pr
         "shards": config.data.shards,
         **metrics,
         "curve": training_curve(config.run_dir),
+        "evals": heldout_curve(config.run_dir),
     }
     marker = {"version": MARKER_VERSION, "fingerprint": cell_fingerprint(spec, cell), "result": record}
     atomic_write_bytes(marker_path(spec, cell), (json.dumps(marker, indent=2, default=str) + "\n").encode())
@@ -293,6 +295,15 @@ def training_curve(run_dir: str | Path) -> list[list[float]]:
 
     steps = {int(r["step"]): r for r in read_metrics(run_dir) if r.get("kind") == "train" and "mlm_acc" in r}
     return [[step, round(steps[step]["mlm_acc"], 5), round(steps[step]["pair_acc"], 5)] for step in sorted(steps)]
+
+
+def heldout_curve(run_dir: str | Path) -> list[list[float]]:
+    """[step, mlm_acc, sop_acc, nsp_acc] of each held-out evaluation of a run (the last one of a step wins)."""
+    from services.run_log import read_metrics
+
+    keys = ("mlm_acc", "sop_acc", "nsp_acc")
+    evals = {int(r["step"]): r for r in read_metrics(run_dir) if r.get("kind") == "eval" and "mlm_acc" in r}
+    return [[step, *(round(float(evals[step].get(k, math.nan)), 5) for k in keys)] for step in sorted(evals)]
 
 
 def run_experiment(

@@ -43,6 +43,9 @@ def spec_section(spec: ExperimentSpec, assets: Path, link: str) -> list[str]:
     curves = plot_curves(spec, assets / f"{spec.name}-curves.png")
     if curves is not None:
         lines += [f"![training curves of {spec.name}]({link}/{curves.name})", ""]
+    heldout = plot_heldout(spec, assets / f"{spec.name}-heldout.png")
+    if heldout is not None:
+        lines += [f"![held-out pair accuracy of {spec.name}]({link}/{heldout.name})", ""]
     layers = plot_layers(spec, assets / f"{spec.name}-layers.png")
     if layers is not None:
         lines += [f"![layer transitions of {spec.name}]({link}/{layers.name})", ""]
@@ -124,7 +127,23 @@ def plot_curves(spec: ExperimentSpec, path: Path) -> Path | None:
         label: {group: metrics[metric] for group, metrics in curves.items()}
         for label, metric in (("training MLM accuracy", "mlm_acc"), ("training pair-task accuracy", "pair_acc"))
     }
-    return _two_panels(lines, "step", f"{spec.name}: mean over seeds", path)
+    return _two_panels(lines, "step", f"{spec.name}: mean over seeds", path, points=False)
+
+
+def plot_heldout(spec: ExperimentSpec, path: Path) -> Path | None:
+    """Held-out SOP and NSP accuracy of the pair head per group and step (mean over seeds), for specs whose cells
+    were evaluated more than once (eval.every_steps)."""
+    panels: dict[str, dict[str, list[tuple[float, float]]]] = {"held-out SOP accuracy": {}, "held-out NSP accuracy": {}}
+    for group, results in group_results(spec, collect_results(spec)).items():
+        runs = [{int(e[0]): e for e in r.get("evals", [])} for r in results]
+        common = sorted(set.intersection(*(set(run) for run in runs)))
+        if len(common) < 2:
+            continue
+        for column, label in ((2, "held-out SOP accuracy"), (3, "held-out NSP accuracy")):
+            panels[label][group] = [(s, sum(run[s][column] for run in runs) / len(runs)) for s in common]
+    if not panels["held-out SOP accuracy"]:
+        return None
+    return _two_panels(panels, "step", f"{spec.name}: the pair head on held-out pairs, mean over seeds", path)
 
 
 def plot_layers(spec: ExperimentSpec, path: Path) -> Path | None:
@@ -144,15 +163,17 @@ def plot_layers(spec: ExperimentSpec, path: Path) -> Path | None:
     return _two_panels(lines, "layer", f"{spec.name}: layer transitions on held-out pairs, mean over seeds", path)
 
 
-def _two_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], xlabel: str, title: str, path: Path) -> Path:
-    """Side by side, one panel per ylabel: one line per group of (x, y) points."""
+def _two_panels(
+    panels: dict[str, dict[str, list[tuple[float, float]]]], xlabel: str, title: str, path: Path, *, points: bool = True
+) -> Path:
+    """Side by side, one panel per ylabel: one line per group of (x, y) points (marked unless `points` is False)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(panels), figsize=(11, 4))
-    marker = "o" if xlabel == "layer" else None
+    marker = "o" if points else None
     for ax, (ylabel, lines) in zip(axes, panels.items(), strict=True):
         for group, points in lines.items():
             ax.plot([x for x, _ in points], [y for _, y in points], marker=marker, label=group)

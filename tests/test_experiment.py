@@ -464,6 +464,8 @@ def test_a_real_cell_pretrains_to_its_last_step_and_records_heldout_accuracies(r
     train = [r for r in read_metrics(run_outputs["run_dir"]) if r.get("kind") == "train"]
     assert [point[0] for point in record["curve"]] == [1, 2, 3] == [r["step"] for r in train]
     assert record["curve"][-1][1] == pytest.approx(train[-1]["mlm_acc"], abs=1e-5)
+    # and the held-out evaluations: here only the final one, the cell's own numbers
+    assert record["evals"] == [[3, *(pytest.approx(record[k], abs=1e-5) for k in ("mlm_acc", "sop_acc", "nsp_acc"))]]
 
 
 @pytest.mark.ray
