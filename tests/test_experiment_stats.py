@@ -192,7 +192,7 @@ def test_the_report_decides_each_claim_on_the_finished_seeds(recipe, tmp_path):
 
     out = write_report([spec], tmp_path / "reports" / "small.md", title="Small", command="albert experiment report")
     text = out.read_text()
-    assert "(5 of 6; 0.2 h of machine time" in text  # 5 cells x 120 s
+    assert "(5 of 6)" in text and "| exp | 5 of 6 | 0.17 | 0.20 |" in text  # 5 cells x 120 s, 6 planned
     assert "| exp | not-shared beats all-shared (82.3 vs 79.8) | mlm_acc +9.5 [" in text
     assert f"| {REPRODUCED} |" in text and "no cell has finished" not in text
     rows = list(csv.DictReader((tmp_path / "reports" / "small" / "exp.csv").open()))
@@ -208,6 +208,23 @@ def test_markers_go_to_cells_dir_when_the_spec_names_one(recipe, tmp_path):
     spec = ExperimentSpec.from_dict({"experiment": head, "grid": SHARING}, source="spec.toml")
     assert marker_path(spec, spec.expand()[0]) == tmp_path / "kept" / "sharing-all.json"
     assert cell_config(spec, spec.expand()[0]).run_dir.is_relative_to(tmp_path / "out")  # the runs stay there
+
+
+def test_the_time_of_a_spec_with_no_finished_cell_is_estimated_per_step_and_layer(recipe, tmp_path):
+    from services.experiment_report import time_rows
+
+    done = spec_with_reference(recipe, tmp_path)  # 3 steps x 2 layers a cell
+    for cell in done.expand():
+        finish(done, cell, mlm_acc=0.1)  # 120 s each
+    head = {"name": "deep", "recipe": str(recipe), "output_dir": str(tmp_path / "out"), "seeds": [1]}
+    deep = ExperimentSpec.from_dict(
+        {"experiment": head, "set": {"optim.total_steps": 6, "model.overrides.num_hidden_layers": 4}, "grid": SHARING},
+        source="deep.toml",
+    )
+    rows = time_rows([done, deep])
+    assert "| exp | 6 of 6 | 0.20 | 0.20 |" in rows
+    assert "| deep | 0 of 2 | 0.00 | 0.27 (estimated) |" in rows  # 4x the work of a cell: 2 x 480 s
+    assert rows[-1] == "| all | | 0.20 | 0.47 |"
 
 
 def test_a_claim_whose_cells_have_not_finished_is_pending(recipe, tmp_path):
