@@ -9,9 +9,13 @@ scored on held-out pairs built as the evaluator builds them (albert_core.analysi
   threshold fitted on the pairs of half of the held-out documents and scored on the other half (the linear probes'
   split). Topic alone, no order.
 
-Each prints its accuracy and the number of pairs; `--out` writes them as JSON.
+Each prints its accuracy and the number of pairs; `--out` writes them as JSON. With `--checkpoint` (repeatable),
+also how much each model's final [CLS] state varies across the held-out pairs, against a content token's (position
+5): the norm of the per-dimension standard deviation over the norm of the mean. A pair head reads [CLS] (through the
+pooler), so a [CLS] that hardly varies gives it little to work with.
 
-    python bench/pair_baseline.py --shards .cache/albert/experiments/sop-128-XXXX [--examples 512] [--out f.json]
+    python bench/pair_baseline.py --shards .cache/albert/experiments/sop-128-XXXX [--examples 512] [--out f.json] \
+        [--checkpoint runs/.../checkpoints/step_00001500 ...]
 """
 
 from __future__ import annotations
@@ -87,12 +91,33 @@ def nsp_accuracy(examples, cls_id: int, sep_id: int) -> tuple[float, int]:
     return float(np.mean((overlap[test] < threshold) == labels[test])), int(test.sum())
 
 
+def state_spread(checkpoint: str, examples, pad_id: int) -> dict[str, float]:
+    """{"cls": spread of the final [CLS] state, "token5": of position 5's}: |std over pairs| / |mean|."""
+    import torch
+
+    from albert_core.analysis import pad_batches
+    from albert_core.checkpoint import load_model
+    from albert_core.model import AlbertModel
+
+    model = load_model(checkpoint, AlbertModel).eval()
+    states = []
+    with torch.no_grad():
+        for batch in pad_batches([e.input_ids for e in examples], pad_id=pad_id, batch_size=64,
+                                 token_type_ids=[e.token_type_ids for e in examples]):  # fmt: skip
+            hidden = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).last_hidden_state
+            states.append(hidden[:, [0, 5]])
+    both = torch.cat(states)
+    spread = (both.std(0).norm(dim=-1) / both.mean(0).norm(dim=-1)).tolist()
+    return {"checkpoint": checkpoint, "cls": spread[0], "token5": spread[1]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", required=True, help="a shard set (its training rows give the bigram counts)")
     parser.add_argument("--examples", type=int, default=512)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--checkpoint", action="append", default=[], help="also measure this model's [CLS] spread")
     parser.add_argument("--out")
     args = parser.parse_args()
     shards = Path(args.shards)
@@ -113,6 +138,7 @@ def main() -> None:
         "nsp_word_overlap": nsp_acc,
         "nsp_examples": nsp_n,
         "heldout_documents": len(documents),
+        "state_spread": [state_spread(c, pairs("nsp", 256), ids.pad_id) for c in args.checkpoint],
     }
     print(json.dumps(result, indent=2))
     if args.out:

@@ -149,12 +149,13 @@ def _group_curves(spec: ExperimentSpec) -> dict[str, dict[str, list[tuple[int, f
 
 
 def plot_curves(spec: ExperimentSpec, path: Path) -> Path | None:
-    """Training MLM and pair-task accuracy per group (mean over seeds, moving mean of SMOOTH log lines)."""
+    """Training MLM and pair-task accuracy per group (mean over seeds, moving mean of SMOOTH log lines). A group
+    whose pair accuracy is 0 throughout trained without labelled pairs (objective none) and has no pair curve."""
     curves = _group_curves(spec)
     if not curves:
         return None
     lines = {
-        label: {group: metrics[metric] for group, metrics in curves.items()}
+        label: {group: metrics[metric] for group, metrics in curves.items() if any(v for _, v in metrics[metric])}
         for label, metric in (("training MLM accuracy", "mlm_acc"), ("training pair-task accuracy", "pair_acc"))
     }
     return _two_panels(lines, "step", f"{spec.name}: mean over seeds", path, points=False)

@@ -63,4 +63,5 @@ def main(experiment: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(Path(args[0] if args else "runs/experiments/stacking-small"), Path(args[1] if len(args) > 1 else "reports/plateau"))
+    runs = Path(args[0] if args else "runs/experiments/stacking-small")
+    main(runs, Path(args[1] if len(args) > 1 else "reports/plateau"))
