@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
     from torch import nn
 
+    from albert_core.tokenization import TokenIds
+
 LAYERS_CSV = "layers.csv"
 LAYERS_PNG = "layers.png"
 
@@ -73,7 +75,6 @@ def _heldout_sequences(
     heldout: Path, tokenizer: str | None, max_seq_length: int, max_examples: int, seed: int
 ) -> tuple[list[list[int]], list[list[int]], int, int]:
     """Unmasked consecutive-segment pairs from held-out documents: (ids, token types, pad id, vocab size)."""
-    from albert_core.analysis import document_pairs
     from albert_core.evaluation import read_heldout
     from albert_core.tokenization import TokenIds, Tokenizer
     from services.train import resolve_token_ids
@@ -87,34 +88,42 @@ def _heldout_sequences(
         except ConfigError as err:
             raise ValueError(f"{heldout}: cannot tell its tokenizer ({err}); pass --tokenizer") from None
     documents = read_heldout(str(heldout))
-    examples = document_pairs(
-        [d.sentences for d in documents],
-        objective="none",
-        max_seq_length=max_seq_length,
-        seed=seed,
-        cls_id=ids.cls_id,
-        sep_id=ids.sep_id,
-        max_examples=max_examples,
-    )
-    if not examples:
+    sequences, types = _pair_sequences([d.sentences for d in documents], ids, max_seq_length, max_examples, seed)
+    if not sequences:
         raise ValueError(f"{heldout}: the held-out documents yield no pairs")
-    return [e.input_ids for e in examples], [e.token_type_ids for e in examples], ids.pad_id, ids.vocab_size
+    return sequences, types, ids.pad_id, ids.vocab_size
+
+
+def _pair_sequences(
+    documents: list, ids: TokenIds, max_seq_length: int, max_examples: int, seed: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Unmasked consecutive-segment pairs of documents (sentences of token ids): (ids, token types)."""
+    from albert_core.analysis import document_pairs
+
+    examples = document_pairs(documents, objective="none", max_seq_length=max_seq_length, seed=seed,
+                              cls_id=ids.cls_id, sep_id=ids.sep_id, max_examples=max_examples)  # fmt: skip
+    return [e.input_ids for e in examples], [e.token_type_ids for e in examples]
 
 
 def heldout_transitions(
     model: nn.Module,
-    heldout: str | Path,
+    documents: list,
+    ids: TokenIds,
     *,
     max_seq_length: int,
     max_examples: int = 256,
     batch_size: int = 16,
     seed: int = 12345,
 ) -> list[dict[str, float]]:
-    """layer_transitions of `model` over unmasked pairs of a shard set's held-out documents (its tokenizer's ids)."""
+    """layer_transitions of `model` over unmasked pairs of held-out documents (sentences of token ids, `ids` their
+    tokenizer's special ids), as `analyze layers` measures a shard set's held-out file."""
     from albert_core.analysis import layer_transitions, pad_batches
 
-    sequences, types, pad_id, _ = _heldout_sequences(Path(heldout), None, max_seq_length, max_examples, seed)
-    return layer_transitions(model, pad_batches(sequences, pad_id=pad_id, batch_size=batch_size, token_type_ids=types))
+    sequences, types = _pair_sequences(documents, ids, max_seq_length, max_examples, seed)
+    if not sequences:
+        raise ValueError("heldout_transitions: the held-out documents yield no pairs")
+    batches = pad_batches(sequences, pad_id=ids.pad_id, batch_size=batch_size, token_type_ids=types)
+    return layer_transitions(model, batches)
 
 
 def analyze_layers(

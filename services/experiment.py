@@ -232,7 +232,7 @@ def evaluate_cell(
         result[f"{task}_probe_detail"] = measured
     if model.config.num_hidden_layers >= 2:  # Figure 1: how much the layer transitions oscillate
         layers = heldout_transitions(
-            model, shards / HELDOUT_FILE, max_seq_length=config.data.max_seq_length, seed=config.run.seed
+            model, sentences, token_ids, max_seq_length=config.data.max_seq_length, seed=config.run.seed
         )
         result.update(transition_roughness(layers), layers=layers)
     result["params"] = count_parameters(model.config)
@@ -280,30 +280,29 @@ def run_cell(spec: ExperimentSpec, cell: Cell, *, address: str | None = None, pr
         "checkpoint": str(result.checkpoint),
         "shards": config.data.shards,
         **metrics,
-        "curve": training_curve(config.run_dir),
-        "evals": heldout_curve(config.run_dir),
+        **run_curves(config.run_dir),
     }
     marker = {"version": MARKER_VERSION, "fingerprint": cell_fingerprint(spec, cell), "result": record}
     atomic_write_bytes(marker_path(spec, cell), (json.dumps(marker, indent=2, default=str) + "\n").encode())
     return record
 
 
-def training_curve(run_dir: str | Path) -> list[list[float]]:
-    """[step, mlm_acc, pair_acc] of each training log line of a run (the last line of a step wins, as after a
-    resume), kept in the cell's marker so that the report needs no run directory."""
-    from services.run_log import read_metrics
+def run_curves(run_dir: str | Path) -> dict[str, list[list[float]]]:
+    """What the report plots of a run, kept in the cell's marker so that the report needs no run directory:
+    "curve", [step, mlm_acc, pair_acc] of each training log line, and "evals", [step, mlm_acc, sop_acc, nsp_acc] of
+    each held-out evaluation (the last line of a step wins, as after a resume)."""
+    from services.run_log import last_per_step, read_metrics
 
-    steps = {int(r["step"]): r for r in read_metrics(run_dir) if r.get("kind") == "train" and "mlm_acc" in r}
-    return [[step, round(steps[step]["mlm_acc"], 5), round(steps[step]["pair_acc"], 5)] for step in sorted(steps)]
-
-
-def heldout_curve(run_dir: str | Path) -> list[list[float]]:
-    """[step, mlm_acc, sop_acc, nsp_acc] of each held-out evaluation of a run (the last one of a step wins)."""
-    from services.run_log import read_metrics
-
-    keys = ("mlm_acc", "sop_acc", "nsp_acc")
-    evals = {int(r["step"]): r for r in read_metrics(run_dir) if r.get("kind") == "eval" and "mlm_acc" in r}
-    return [[step, *(round(float(evals[step].get(k, math.nan)), 5) for k in keys)] for step in sorted(evals)]
+    records = read_metrics(run_dir)
+    train = last_per_step([r for r in records if r.get("kind") == "train" and "mlm_acc" in r])
+    evals = last_per_step([r for r in records if r.get("kind") == "eval" and "mlm_acc" in r])
+    return {
+        "curve": [[int(r["step"]), round(r["mlm_acc"], 5), round(r["pair_acc"], 5)] for r in train],
+        "evals": [
+            [int(r["step"]), *(round(float(r.get(k, math.nan)), 5) for k in ("mlm_acc", "sop_acc", "nsp_acc"))]
+            for r in evals
+        ],
+    }
 
 
 def run_experiment(
@@ -364,15 +363,18 @@ def table_rows(spec: ExperimentSpec, results: list[dict[str, Any]]) -> tuple[lis
 
 def write_tables(spec: ExperimentSpec) -> tuple[Path, Path]:
     """results.csv (full precision) and results.md (the paper-style table with its notes)."""
-    columns, rows = table_rows(spec, collect_results(spec))
+    results = collect_results(spec)
+    columns, rows = table_rows(spec, results)
     csv_path = spec.directory / RESULTS_CSV
     md_path = spec.directory / RESULTS_MD
     atomic_write_csv(csv_path, rows, columns)
-    atomic_write_bytes(md_path, markdown_table(spec, columns, rows).encode())
+    atomic_write_bytes(md_path, markdown_table(spec, columns, rows, results).encode())
     return csv_path, md_path
 
 
-def markdown_table(spec: ExperimentSpec, columns: list[str], rows: list[dict[str, Any]]) -> str:
+def markdown_table(
+    spec: ExperimentSpec, columns: list[str], rows: list[dict[str, Any]], results: list[dict[str, Any]]
+) -> str:
     def cell(column: str, value: Any) -> str:
         if value is None or value == "":
             return ""
@@ -401,7 +403,6 @@ def markdown_table(spec: ExperimentSpec, columns: list[str], rows: list[dict[str
         "",
     ]
     if spec.seeds:
-        results = collect_results(spec)
         lines += ["## Over seeds", "", summary_markdown(spec, results, METRIC_COLUMNS)]
         lines += [
             "Mean ± standard error over the seeds (run.seed: initialization, data order and masks); Δ: the "
@@ -409,7 +410,7 @@ def markdown_table(spec: ExperimentSpec, columns: list[str], rows: list[dict[str
             "",
         ]
     if spec.claims:
-        lines += ["## Claims", "", claims_markdown(spec, collect_results(spec))]
+        lines += ["## Claims", "", claims_markdown(spec, results)]
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from albert_core.files import atomic_write_bytes
 from services.experiment import METRIC_COLUMNS, RESULTS_CSV, collect_results, run_experiment, write_tables
@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 SMOOTH = 10  # training log lines per point of the curves (moving mean)
 
 
-def spec_section(spec: ExperimentSpec, assets: Path, link: str) -> list[str]:
+Results = list[dict[str, Any]]  # a spec's finished cells (collect_results), read once per report
+
+
+def spec_section(spec: ExperimentSpec, results: Results, assets: Path, link: str) -> list[str]:
     """The markdown of one spec (and its PNGs, its results.csv copy under `assets`)."""
-    results = collect_results(spec)
     write_tables(spec)
     shutil.copyfile(spec.directory / RESULTS_CSV, assets / f"{spec.name}.csv")
     lines = [f"## {spec.name}", "", spec.description, ""]
@@ -41,23 +43,24 @@ def spec_section(spec: ExperimentSpec, assets: Path, link: str) -> list[str]:
         lines += [claims_markdown(spec, results), ""]
     if spec.notes:
         lines += [spec.notes.strip(), ""]
-    curves = plot_curves(spec, assets / f"{spec.name}-curves.png")
+    groups = group_results(spec, results)
+    curves = plot_curves(spec, groups, assets / f"{spec.name}-curves.png")
     if curves is not None:
         lines += [f"![training curves of {spec.name}]({link}/{curves.name})", ""]
-    heldout = plot_heldout(spec, assets / f"{spec.name}-heldout.png")
+    heldout = plot_heldout(spec, groups, assets / f"{spec.name}-heldout.png")
     if heldout is not None:
         lines += [f"![held-out pair accuracy of {spec.name}]({link}/{heldout.name})", ""]
-    layers = plot_layers(spec, assets / f"{spec.name}-layers.png")
+    layers = plot_layers(spec, groups, assets / f"{spec.name}-layers.png")
     if layers is not None:
         lines += [f"![layer transitions of {spec.name}]({link}/{layers.name})", ""]
     return lines
 
 
-def verdict_rows(specs: list[ExperimentSpec]) -> list[str]:
+def verdict_rows(specs: list[ExperimentSpec], results: dict[str, Results]) -> list[str]:
     """Every claim of every spec: the spec, the paper's claim, our difference [95%] and the verdict."""
     lines = ["| experiment | claim (paper) | ours: difference [95%] | verdict |", "|---|---|---|---|"]
     for spec in specs:
-        for v in judge(spec, group_results(spec, collect_results(spec))):
+        for v in judge(spec, group_results(spec, results[spec.name])):
             paper = f"{v.claim.text} ({v.claim.paper})" if v.claim.paper else v.claim.text
             ours = f"{v.claim.metric} {format_difference(v.claim.metric, v.difference)}"
             lines.append(f"| {spec.name} | {paper} | {ours} | {v.text} |")
@@ -75,10 +78,10 @@ def _work(spec: ExperimentSpec) -> float:
     return float(config.optim.total_steps * config.model_config(8).num_hidden_layers)
 
 
-def time_rows(specs: list[ExperimentSpec]) -> list[str]:
+def time_rows(specs: list[ExperimentSpec], results: dict[str, Results]) -> list[str]:
     """Per spec: cells finished of planned, machine hours so far and for all its cells. A spec with no finished
     cell is estimated from the others' seconds per step-layer."""
-    done = {s.name: [cell_seconds(r) for r in collect_results(s)] for s in specs}
+    done = {s.name: [cell_seconds(r) for r in results[s.name]] for s in specs}
     measured = [(sum(done[s.name]), len(done[s.name]) * _work(s)) for s in specs if done[s.name]]
     per_unit = sum(t for t, _ in measured) / sum(w for _, w in measured) if measured else None
     lines = ["| experiment | cells | hours so far | hours for all cells |", "|---|---|---|---|"]
@@ -100,8 +103,9 @@ def time_rows(specs: list[ExperimentSpec]) -> list[str]:
 def write_report(specs: list[ExperimentSpec], out: Path, *, title: str, command: str) -> Path:
     assets = out.with_suffix("")
     assets.mkdir(parents=True, exist_ok=True)
-    sections = [line for spec in specs for line in spec_section(spec, assets, assets.name)]
-    finished = sum(len(collect_results(s)) for s in specs)
+    results = {spec.name: collect_results(spec) for spec in specs}
+    sections = [line for spec in specs for line in spec_section(spec, results[spec.name], assets, assets.name)]
+    finished = sum(len(r) for r in results.values())
     planned = sum(len(s.expand()) for s in specs)
     lines = [
         f"# {title}",
@@ -111,14 +115,14 @@ def write_report(specs: list[ExperimentSpec], out: Path, *, title: str, command:
         "",
         "## Verdicts",
         "",
-        *verdict_rows(specs),
+        *verdict_rows(specs, results),
         "",
         "A claim is reproduced when the 95% interval of our difference lies on the paper's side of 0, not "
         "reproduced when it lies on the other side, and not resolved when it contains 0.",
         "",
         "## Machine time",
         "",
-        *time_rows(specs),
+        *time_rows(specs, results),
         "",
         "Wall seconds of each cell's preprocessing, training and evaluation, one cell at a time on the machine.",
         "",
@@ -132,11 +136,11 @@ def write_report(specs: list[ExperimentSpec], out: Path, *, title: str, command:
 # figures
 
 
-def _group_curves(spec: ExperimentSpec) -> dict[str, dict[str, list[tuple[int, float]]]]:
+def _group_curves(groups: dict[str, Results]) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """group -> metric -> [(step, mean over the group's seeds)] of the training log's mlm_acc and pair_acc (the
     markers' "curve"), a moving mean of SMOOTH points."""
     curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    for group, results in group_results(spec, collect_results(spec)).items():
+    for group, results in groups.items():
         runs = [{int(step): (mlm, pair) for step, mlm, pair in r["curve"]} for r in results if r.get("curve")]
         if not runs:
             continue
@@ -148,10 +152,10 @@ def _group_curves(spec: ExperimentSpec) -> dict[str, dict[str, list[tuple[int, f
     return curves
 
 
-def plot_curves(spec: ExperimentSpec, path: Path) -> Path | None:
+def plot_curves(spec: ExperimentSpec, groups: dict[str, Results], path: Path) -> Path | None:
     """Training MLM and pair-task accuracy per group (mean over seeds, moving mean of SMOOTH log lines). A group
     whose pair accuracy is 0 throughout trained without labelled pairs (objective none) and has no pair curve."""
-    curves = _group_curves(spec)
+    curves = _group_curves(groups)
     if not curves:
         return None
     lines = {
@@ -161,11 +165,11 @@ def plot_curves(spec: ExperimentSpec, path: Path) -> Path | None:
     return _two_panels(lines, "step", f"{spec.name}: mean over seeds", path, points=False)
 
 
-def plot_heldout(spec: ExperimentSpec, path: Path) -> Path | None:
+def plot_heldout(spec: ExperimentSpec, groups: dict[str, Results], path: Path) -> Path | None:
     """Held-out SOP and NSP accuracy of the pair head per group and step (mean over seeds), for specs whose cells
     were evaluated more than once (eval.every_steps)."""
     panels: dict[str, dict[str, list[tuple[float, float]]]] = {"held-out SOP accuracy": {}, "held-out NSP accuracy": {}}
-    for group, results in group_results(spec, collect_results(spec)).items():
+    for group, results in groups.items():
         runs = [{int(e[0]): e for e in r.get("evals", [])} for r in results]
         common = sorted(set.intersection(*(set(run) for run in runs)))
         if len(common) < 2:
@@ -177,17 +181,16 @@ def plot_heldout(spec: ExperimentSpec, path: Path) -> Path | None:
     return _two_panels(panels, "step", f"{spec.name}: the pair head on held-out pairs, mean over seeds", path)
 
 
-def plot_layers(spec: ExperimentSpec, path: Path) -> Path | None:
+def plot_layers(spec: ExperimentSpec, groups: dict[str, Results], path: Path) -> Path | None:
     """Figure 1: each group's L2 distance and cosine similarity per layer (mean over seeds), when measured."""
-    measured = group_results(spec, collect_results(spec))
-    groups = {g: [r["layers"] for r in rs if r.get("layers")] for g, rs in measured.items()}
-    groups = {g: runs for g, runs in groups.items() if runs}
-    if not groups:
+    layered = {g: [r["layers"] for r in rs if r.get("layers")] for g, rs in groups.items()}
+    layered = {g: runs for g, runs in layered.items() if runs}
+    if not layered:
         return None
     lines = {
         label: {
             group: [(row["layer"], sum(run[i][key] for run in runs) / len(runs)) for i, row in enumerate(runs[0])]
-            for group, runs in groups.items()
+            for group, runs in layered.items()
         }
         for label, key in (("L2 distance (input, output)", "l2"), ("cosine similarity (input, output)", "cosine"))
     }

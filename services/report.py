@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from services.run_log import METRICS_FILE, follow, read_metrics
+from services.run_log import METRICS_FILE, follow, last_per_step, read_metrics
 
 __all__ = ["LiveView", "read_metrics", "write_report"]
 
@@ -98,8 +98,8 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
     """report.md with loss and accuracy plots (PNG) from the metrics log; returns the markdown path."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
-    train = _last_per_step([r for r in records if r.get("kind") == "train"])
-    evals = _last_per_step([r for r in records if r.get("kind") == "eval"])
+    train = last_per_step([r for r in records if r.get("kind") == "train"])
+    evals = last_per_step([r for r in records if r.get("kind") == "eval"])
     events = [r for r in records if r.get("kind") == "event"]
     if not train:
         raise ValueError(f"{run_dir / METRICS_FILE}: no training metrics to report")
@@ -205,12 +205,6 @@ def _floor_summary(evals: list[dict[str, Any]]) -> list[str]:
 
 def _cell(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, float) else ("" if value is None else str(value))
-
-
-def _last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per step (the last written wins: a resumed run may log a step twice), in step order."""
-    by_step = {int(r["step"]): r for r in records if "step" in r}
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def _mark_events(ax, events: list[dict[str, Any]]) -> None:

@@ -42,6 +42,12 @@ def read_metrics(run_dir_or_file: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per step (the last written wins: a resumed run may log a step twice), in step order."""
+    by_step = {int(r["step"]): r for r in records if "step" in r}
+    return [by_step[s] for s in sorted(by_step)]
+
+
 def append(run_dir: str | Path, record: dict[str, Any]) -> None:
     """Append one line (a single write, so a line is whole or absent)."""
     line = json.dumps(record, allow_nan=True) + "\n"

@@ -14,7 +14,7 @@ from scipy import stats
 from albert_core.analysis import transition_roughness
 from albert_core.config import ConfigError
 from albert_core.files import atomic_write_bytes
-from services.experiment import cell_fingerprint, marker_path
+from services.experiment import cell_fingerprint, collect_results, marker_path
 from services.experiment_report import write_report
 from services.experiment_spec import ExperimentSpec, cell_config
 from services.experiment_stats import (
@@ -221,7 +221,7 @@ def test_the_time_of_a_spec_with_no_finished_cell_is_estimated_per_step_and_laye
         {"experiment": head, "set": {"optim.total_steps": 6, "model.overrides.num_hidden_layers": 4}, "grid": SHARING},
         source="deep.toml",
     )
-    rows = time_rows([done, deep])
+    rows = time_rows([done, deep], {spec.name: collect_results(spec) for spec in (done, deep)})
     assert "| exp | 6 of 6 | 0.20 | 0.20 |" in rows
     assert "| deep | 0 of 2 | 0.00 | 0.27 (estimated) |" in rows  # 4x the work of a cell: 2 x 480 s
     assert rows[-1] == "| all | | 0.20 | 0.47 |"
