@@ -12,6 +12,7 @@ from typing import Any
 SHARING_MODES = ("all", "attention", "ffn", "none")
 ACTIVATIONS = ("gelu_new", "gelu", "relu")
 POSITION_BIASES = ("none", "alibi", "rotary")
+POOLINGS = ("cls", "mean")
 
 
 class ConfigError(ValueError):
@@ -54,6 +55,10 @@ class AlbertConfig:
     # or "rotary" (RoPE on queries and keys). A departure from the paper for small-scale recipes: attention can
     # look at a masked piece's neighbours from the first step. transformers' ALBERT cannot load either.
     position_bias: str = "none"
+    # What the pooler (dense + tanh) reads, for the pair head and every task head: "cls" (the paper: the [CLS]
+    # token's final state) or "mean" (the mean of the final states of the real tokens, padding left out). A
+    # departure for fine-tuning small checkpoints whose [CLS] learned little in pretraining (docs/learning.md).
+    pooling: str = "cls"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -135,6 +140,8 @@ class AlbertConfig:
                 f"position_bias: rotary needs an even head size, got hidden_size {self.hidden_size} / "
                 f"num_attention_heads {self.num_attention_heads}"
             )
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"pooling: expected one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.layer_norm_position not in ("post", "pre"):
             raise ConfigError(f"layer_norm_position: expected post or pre, got {self.layer_norm_position!r}")
         if self.embedding_projection is not None and not isinstance(self.embedding_projection, bool):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_core.config import AlbertConfig
+from albert_core.config import POOLINGS, AlbertConfig
 from albert_core.downstream.custom_splits import CustomDataConfig
 from albert_core.tokenization import MODEL_FILE
 
@@ -131,6 +131,7 @@ class FinetuneConfig:
     micro_batch_size: int | None = None  # gradient accumulation: batch_size split into micro batches of this size
     eval_batch_size: int = 64
     dropout: float | None = None  # backbone hidden + attention dropout; None keeps the checkpoint's
+    pooling: str | None = None  # what the task head reads: "cls" | "mean" (AlbertConfig.pooling); None: the model's
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     output_dir: str | None = None  # metrics.jsonl, result.json, predictions, dev outputs (None: write nothing)
@@ -172,6 +173,8 @@ class FinetuneConfig:
             )
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"FinetuneConfig.dropout: expected None or a probability in [0, 1), got {self.dropout!r}")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ValueError(f"FinetuneConfig.pooling: expected None or one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"FinetuneConfig.precision: expected 'fp32' or 'bf16', got {self.precision!r}")
         self.hyperparams()  # validate the combination now, not after the data is read

@@ -78,6 +78,8 @@ def build_model(config: FinetuneConfig, data: TaskData, h: TaskHyperparams, voca
     changes: dict[str, Any] = {"classifier_dropout_prob": h.classifier_dropout}
     if config.dropout is not None:
         changes.update(hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout)
+    if config.pooling is not None:
+        changes["pooling"] = config.pooling
     model_config = model_config.replace(**changes)
     if model_config.vocab_size < vocab_size:
         raise ValueError(

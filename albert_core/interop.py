@@ -177,6 +177,10 @@ def _hf_kind(config: AlbertConfig) -> str:
             f"position_bias: {config.position_bias!r} has no transformers equivalent "
             "(transformers' ALBERT and BERT use absolute position embeddings only)"
         )
+    if config.pooling != "cls":
+        raise ValueError(
+            f"pooling: {config.pooling!r} has no transformers equivalent (transformers' pooler reads [CLS])"
+        )
     if config.sharing in ("attention", "ffn"):
         raise ValueError(
             f"sharing: {config.sharing!r} sharing has no transformers equivalent "

@@ -30,7 +30,7 @@ _ACTIVATIONS = {
 @dataclass
 class EncoderOutput:
     last_hidden_state: Tensor  # (B, T, H)
-    pooled_output: Tensor  # (B, H): tanh(dense([CLS]))
+    pooled_output: Tensor  # (B, H): tanh(dense([CLS])), or of the real tokens' mean with config.pooling "mean"
     # With output_hidden_states: L+1 tensors; layer l reads hidden_states[l] and writes hidden_states[l + 1].
     hidden_states: tuple[Tensor, ...] | None = None
 
@@ -284,8 +284,18 @@ class AlbertModel(_Albert):
         # A boolean (B, 1, 1, T) mask: True where a key may be attended to.
         mask = attention_mask[:, None, None, :].bool() if attention_mask is not None else None
         x, states = self.encoder(x, mask, output_hidden_states)
-        pooled = torch.tanh(self.pooler(x[:, 0]))
+        pooled = torch.tanh(self.pooler(pool(x, attention_mask, self.config.pooling)))
         return EncoderOutput(x, pooled, states)
+
+
+def pool(x: Tensor, attention_mask: Tensor | None, pooling: str) -> Tensor:
+    """(B, T, H) -> (B, H): the [CLS] state ("cls"), or the mean over the positions attention_mask keeps ("mean")."""
+    if pooling == "cls":
+        return x[:, 0]
+    if attention_mask is None:
+        return x.mean(dim=1)
+    keep = attention_mask.to(x.dtype).unsqueeze(-1)
+    return (x * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
 
 
 # --- heads ---------------------------------------------------------------------------------------------

@@ -312,6 +312,7 @@ def add_finetune_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--micro-batch-size", type=int, help="gradient accumulation in micro batches of this size")
     parser.add_argument("--device", help="auto | cpu | cuda")
     parser.add_argument("--precision", choices=["fp32", "bf16"])
+    parser.add_argument("--pooling", choices=["cls", "mean"], help="what the task head reads (default: the model's)")
     parser.add_argument("--ensemble", action="store_true", help="also score the average of the runs' outputs")
     parser.add_argument("--save-model", action="store_true", help="keep each run's best model")
     parser.add_argument("--output", help="output folder (default runs/finetune/<task>)")

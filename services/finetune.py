@@ -343,7 +343,7 @@ def _cli_overrides(args: Namespace) -> dict[str, Any]:
     from albert_core.config import AlbertConfig
 
     flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")
-    flags += ("micro_batch_size", "tokenizer", "device", "precision")
+    flags += ("micro_batch_size", "tokenizer", "device", "precision", "pooling")
     overrides: dict[str, Any] = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     if args.save_model:
         overrides["save_model"] = True

@@ -227,3 +227,11 @@ def test_a_model_with_a_position_bias_is_not_exported_to_transformers(bias):
     state = AlbertForPreTraining(config).state_dict()
     with pytest.raises(ValueError, match=f"position_bias: '{bias}' has no transformers equivalent"):
         to_hf(state, config)
+
+
+def test_a_mean_pooling_model_is_not_exported_to_transformers_whose_pooler_reads_cls():
+    config = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=2,
+                          num_attention_heads=2, intermediate_size=32, pooling="mean")  # fmt: skip
+    state = AlbertForPreTraining(config).state_dict()
+    with pytest.raises(ValueError, match="pooling: 'mean' has no transformers equivalent"):
+        to_hf(state, config)

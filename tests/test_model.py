@@ -133,6 +133,25 @@ def test_sequence_classification_and_regression_losses():
     assert torch.allclose(out.loss, ((out.logits.squeeze(-1) - torch.tensor([0.5, 4.0])) ** 2).mean())
 
 
+def test_mean_pooling_reads_the_mean_of_the_real_tokens_final_states_and_ignores_padding():
+    model = AlbertModel(small(pooling="mean")).eval()
+    ids, mask, types = batch(model.config, b=1, t=10)
+    padded = torch.cat([ids, torch.full((1, 6), 7, dtype=ids.dtype)], dim=1)
+    padded_mask = torch.cat([mask, torch.zeros(1, 6, dtype=mask.dtype)], dim=1)
+    out = model(padded, padded_mask, torch.zeros_like(padded))
+    by_hand = torch.tanh(model.pooler(out.last_hidden_state[:, :10].mean(dim=1)))
+    assert torch.allclose(out.pooled_output, by_hand, atol=1e-6)
+    assert torch.allclose(model(ids, mask, types).pooled_output, by_hand, atol=1e-5)
+    cls = AlbertModel(small()).eval()
+    cls.load_state_dict(model.state_dict())
+    assert not torch.allclose(cls(ids, mask, types).pooled_output, by_hand, atol=1e-3)  # "cls" reads [CLS] only
+
+
+def test_an_unknown_pooling_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="pooling: expected one of cls, mean, got 'max'"):
+        small(pooling="max")
+
+
 def test_question_answering_never_points_into_padding():
     config = small()
     ids, mask, types = batch(config)
