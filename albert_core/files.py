@@ -1,4 +1,4 @@
-"""Durable files without torch: atomic writes (bytes, CSV), sha256 manifests and their verification.
+"""Durable files without torch: atomic writes (bytes, CSV), advisory locks, sha256 manifests and their verification.
 
 Used by model checkpoints, training checkpoints and the coordinator (which runs without importing torch).
 A manifest is `MANIFEST.json` = {"files": {name: {"sha256": hex, "size": bytes}}, ...}, written last.
@@ -6,13 +6,15 @@ A manifest is `MANIFEST.json` = {"files": {name: {"sha256": hex, "size": bytes}}
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import hashlib
 import io
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,24 @@ def fsync_dir(path: str | Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path, *, blocking: bool = True) -> Iterator[bool]:
+    """Hold an exclusive advisory lock (flock) on `path` (created if absent) for the block; yields whether it is
+    held (blocking=False: False at once when another process holds it). A process that dies releases it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_commands(commands)
     add_data_commands(commands)
     add_run_commands(commands)
+    add_eval_commands(commands)
     add_preprocess_command(commands)
     add_finetune_command(commands)
     add_analyze_commands(commands)
@@ -259,6 +260,38 @@ def add_run_commands(commands: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--task", action="append", default=[], help="a downstream task, e.g. sst2")
     evaluate.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR")
     evaluate.set_defaults(func=cmd_evaluate)
+
+
+def add_eval_commands(commands: argparse._SubParsersAction) -> None:
+    """`albert eval schedule|list|cancel` (services.schedule_cli)."""
+    from services.schedule_cli import cmd_eval_cancel, cmd_eval_list, cmd_eval_schedule
+
+    evals = commands.add_parser("eval", help="evaluation schedules attached to a run (live or finished)")
+    actions = evals.add_subparsers(dest="action", required=True)
+    s = actions.add_parser("schedule", help="evaluate every checkpoint whose step is a multiple of --every, once")
+    s.add_argument("run", help="the run directory (runs/NAME)")
+    s.add_argument("--every", type=int, required=True, help="evaluate the checkpoints at multiples of this step")
+    s.add_argument("--name", help="the schedule's name (default: every-N[-TASK...][-heldout-HASH])")
+    s.add_argument("--task", action="append", default=[], help="a downstream task, e.g. polarity (repeatable)")
+    s.add_argument("--task-data", action="append", default=[], metavar="DIR", help="its data, one per --task")
+    s.add_argument("--task-seeds", type=int, default=0, help="fine-tuning seeds per task (0: the task's protocol)")
+    s.add_argument("--task-max-steps", type=int, default=0, help="fine-tuning steps per task (0: the protocol)")
+    s.add_argument("--heldout", help="held-out documents (default: the run's <data.shards>/heldout/documents.parquet)")
+    s.add_argument("--cpus", type=float, default=1.0, help="per evaluator, only beyond training's CPUs (else 0)")
+    s.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks at the run directory")
+    s.add_argument("--address", help="Ray cluster address (auto, ray://host:10001); default: embedded local Ray")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--follow", action="store_true", help="on a cluster: print results until it is complete")
+    mode.add_argument("--once", action="store_true", help="evaluate what is due now, here, and exit")
+    s.set_defaults(func=cmd_eval_schedule)
+    listing = actions.add_parser("list", help="a run's schedules: done, pending, missing, failed")
+    listing.add_argument("run")
+    listing.set_defaults(func=cmd_eval_list)
+    cancel = actions.add_parser("cancel", help="cancel a schedule (its scheduler stops, its checkpoints are freed)")
+    cancel.add_argument("run")
+    cancel.add_argument("name")
+    cancel.add_argument("--address", help="Ray cluster address: also stop its scheduler actor at once")
+    cancel.set_defaults(func=cmd_eval_cancel)
 
 
 def add_preprocess_command(commands: argparse._SubParsersAction) -> None:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 # Commands that make sense as cluster jobs. `model` (e.g. `model info`) is a cheap smoke test of a cluster.
 JOB_KINDS = (
-    *("preprocess", "pretrain", "finetune", "evaluate", "experiment", "analyze", "tokenizer", "model"),
+    *("preprocess", "pretrain", "finetune", "evaluate", "eval", "experiment", "analyze", "tokenizer", "model"),
     "status",  # a run's state as the cluster sees it, when its run directory is not mounted where you are
 )
 # Never uploaded with the working dir (gitignore syntax, relative to it): environments, caches, corpora, outputs.

@@ -11,9 +11,10 @@ bookkeeping, the dropout state and the run's events, and owns two files besides 
 - `eval.md`: the finished evaluations as a markdown table.
 
 Retention keeps the last `train.keep_last` checkpoints, the best by held-out MLM accuracy, and any checkpoint an
-evaluation is still pending on; the rest are deleted from disk. The ledger decides when an evaluation is due and
-records its outcome; running evaluators is the coordinator actor's job (services.coordinator), which wraps a
-ledger. A run without a coordinator uses a ledger directly from its rank-0 worker (no evaluations).
+evaluation or an active evaluation schedule (services.schedule_state) is still pending on; the rest are deleted
+from disk. The ledger decides when an evaluation is due and records its outcome; running evaluators is the
+coordinator actor's job (services.coordinator), which wraps a ledger. A run without a coordinator uses a ledger
+directly from its rank-0 worker (no evaluations).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from albert_core.files import CorruptCheckpoint, atomic_write_bytes, verify_manifest
-from services import run_log
+from services import run_log, schedule_state
 from services.health import plateau
 from services.run_config import RunConfig
 
@@ -316,6 +317,7 @@ class RunLedger:
         if best is not None:
             keep.add(best.step)
         keep |= {e.step for e in self.pending_evals()}
+        keep |= schedule_state.held_steps(self.run_dir, [c.step for c in checkpoints])
         deleted = []
         for entry in [c for c in checkpoints if c.step not in keep]:
             path = Path(entry.path)
@@ -407,6 +409,7 @@ def status_from_state(state: LedgerState, *, live: bool) -> dict[str, Any]:
         "best_checkpoint": best.path if best else None,
         "evals": evals,
         "refused": [{"step": r.step, "path": r.path, "reason": r.reason} for r in state.refused],
+        "schedules": schedule_state.summaries(state.run_dir),
     }
 
 

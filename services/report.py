@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from services import schedule_state
 from services.run_log import METRICS_FILE, follow, last_per_step, read_metrics
 
 __all__ = ["LiveView", "read_metrics", "write_report"]
@@ -118,6 +119,7 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
         "![accuracy](accuracy.png)",
         "",
         *_eval_table(evals),
+        *_schedules_section(run_dir, records),
     ]
     health = [e for e in events if e.get("event") in HEALTH_EVENTS]
     if health:
@@ -178,16 +180,44 @@ def _plot_accuracy(path: Path, train: list[dict[str, Any]], evals, events: list[
     _save(plt, fig, ax, path, "accuracy")
 
 
-def _eval_table(evals: list[dict[str, Any]]) -> list[str]:
+def _eval_table(evals: list[dict[str, Any]], heading: str = "## Held-out evaluation") -> list[str]:
     if not evals:
         return []
     keys = [k for k in EVAL_KEYS if any(k in r for r in evals)]
     extra = sorted({k for r in evals for k in r if k.startswith("task/")})
-    lines = ["## Held-out evaluation", "", "| step | " + " | ".join(keys + extra) + " |"]
+    lines = [heading, "", "| step | " + " | ".join(keys + extra) + " |"]
     lines.append("|" + "---|" * (len(keys) + len(extra) + 1))
     for r in evals:
         lines.append(f"| {r['step']} | " + " | ".join(_cell(r.get(k)) for k in keys + extra) + " |")
     return [*lines, ""]
+
+
+def _schedules_section(run_dir: Path, records: list[dict[str, Any]]) -> list[str]:
+    """Each evaluation schedule's results (services.schedule): one curve per schedule, a table each, and the
+    matching steps it could not evaluate."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if record.get("kind") == schedule_state.RESULT_KIND:
+            by_name.setdefault(str(record.get("schedule")), []).append(record)
+    if not by_name:
+        return []
+    by_name = {name: last_per_step(rows) for name, rows in sorted(by_name.items())}
+    plt, fig, ax = _figure()
+    for name, rows in by_name.items():
+        for key in ("mlm_acc", "sop_acc"):
+            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=f"{name}: held-out {key}")
+    ax.set_ylim(0, 1)
+    _save(plt, fig, ax, run_dir / "schedules.png", "accuracy")
+    lines = ["## Evaluation schedules", "", "![schedules](schedules.png)", ""]
+    states = {s["name"]: s for s in schedule_state.summaries(run_dir)}
+    for name, rows in by_name.items():
+        lines += _eval_table(rows, heading=f"### {name}")
+        for step, why in states.get(name, {}).get("missing_steps", {}).items():
+            lines.append(f"- step {step} not evaluated: {why}")
+        lines.append("")
+    return lines
 
 
 def _floor_summary(evals: list[dict[str, Any]]) -> list[str]:

@@ -4,6 +4,9 @@ One JSON object per line with "step", "time" and "kind": "train" (what the train
 (held-out and downstream metrics of a checkpoint) or "event" (run events: resumes, dropout changes, checkpoints
 saved / refused / deleted, training health, evaluation failures). Lines are appended whole with one write; a
 line torn by a crash is cut off when the log is next opened for writing (`repair`) and skipped by readers.
+Writers in other processes (an evaluation schedule, services.schedule, beside the run's coordinator) take the log's
+advisory lock (`.metrics.jsonl.lock`) for every append and rewrite, so an append never lands in a copy that a
+rewrite is about to replace.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from albert_core.files import METRICS_FILE, atomic_write_bytes
+from albert_core.files import METRICS_FILE, atomic_write_bytes, file_lock
 
 __all__ = ["METRICS_FILE", "append", "drop_train_lines_from", "follow", "read_metrics", "repair"]
 log = logging.getLogger(__name__)
+LOCK_FILE = f".{METRICS_FILE}.lock"
 
 
 def metrics_path(run_dir_or_file: str | Path) -> Path:
@@ -51,7 +55,7 @@ def last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def append(run_dir: str | Path, record: dict[str, Any]) -> None:
     """Append one line (a single write, so a line is whole or absent)."""
     line = json.dumps(record, allow_nan=True) + "\n"
-    with open(Path(run_dir) / METRICS_FILE, "a") as f:
+    with file_lock(Path(run_dir) / LOCK_FILE), open(Path(run_dir) / METRICS_FILE, "a") as f:
         f.write(line)
         f.flush()
 
@@ -61,21 +65,23 @@ def repair(run_dir: str | Path) -> int:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return 0
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return 0
-    keep = data.rfind(b"\n") + 1
-    with open(path, "r+b") as f:
-        f.truncate(keep)
+    with file_lock(Path(run_dir) / LOCK_FILE):
+        data = path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return 0
+        keep = data.rfind(b"\n") + 1
+        with open(path, "r+b") as f:
+            f.truncate(keep)
     return len(data) - keep
 
 
 def drop_train_lines_from(run_dir: str | Path, step: int) -> int:
     """Rewrite the log without the train lines at or past `step` (a resumed run reports them again)."""
     path = Path(run_dir) / METRICS_FILE
-    lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
-    kept = [line for line in lines if not _is_train_line_from(line, step)]
-    atomic_write_bytes(path, "".join(kept).encode())
+    with file_lock(Path(run_dir) / LOCK_FILE):
+        lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
+        kept = [line for line in lines if not _is_train_line_from(line, step)]
+        atomic_write_bytes(path, "".join(kept).encode())
     return len(lines) - len(kept)
 
 

@@ -1,4 +1,5 @@
-"""What `albert submit pretrain` checks on the submitting machine, before anything is uploaded.
+"""What `albert submit pretrain` (and `albert submit eval`) checks on the submitting machine, before anything is
+uploaded.
 
 A job runs in a copy of the working directory unpacked on the head node, without `.cache`, `data` or `runs`
 (services.jobs.EXCLUDES). Two things a user meets there are fixed here instead of on the cluster:
@@ -6,6 +7,8 @@ A job runs in a copy of the working directory unpacked on the head node, without
 - every relative path of the run (data.shards, run.output_dir, model.init_from, eval.task_data, --resume) is made
   absolute against the working directory, where the user meant it, and passed on with `--set`. On a real cluster
   that directory is a shared mount every node sees at the same path (deploy.md, "Storage").
+`albert submit eval ...` gets the same for its paths (the run directory, --heldout, --task-data): they are parsed
+and made absolute in place.
 """
 
 from __future__ import annotations
@@ -19,10 +22,29 @@ PATH_FIELDS = ("data.shards", "run.output_dir", "model.init_from")
 
 
 def prepare_job_args(kind: str, args: list[str], working_dir: str | Path) -> tuple[list[str], list[str]]:
-    """(the job's arguments to submit, one note per path made absolute); only `pretrain` jobs are rewritten."""
-    if kind != "pretrain" or "://" in str(working_dir):
+    """(the job's arguments to submit, one note per path made absolute); `pretrain` and `eval` jobs are rewritten."""
+    if kind not in ("pretrain", "eval") or "://" in str(working_dir):
         return list(args), []
+    if kind == "eval":
+        return prepare_eval_args(args, Path(working_dir).resolve())
     return prepare_pretrain_args(args, Path(working_dir).resolve())
+
+
+def prepare_eval_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:
+    """`eval schedule|list|cancel RUN ...`: the run directory, --heldout and --task-data made absolute under root."""
+    from services.cli import build_parser
+
+    options = build_parser().parse_args(["eval", *args])  # a usage error stops here, before the upload
+    paths = [options.run, getattr(options, "heldout", None), *getattr(options, "task_data", [])]
+    absolute = {path: _absolute(path, root) for path in paths if path}
+    out, notes = [], []
+    for arg in args:
+        flag, sep, value = arg.partition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+        new = absolute.get(value, value)
+        out.append(f"{flag}{sep}{new}" if sep else new)
+        if new != value:
+            notes.append(f"{value} -> {new}")
+    return out, notes
 
 
 def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:

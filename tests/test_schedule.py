@@ -1,0 +1,162 @@
+"""Evaluation schedules on a real run: `albert eval schedule|list|cancel`, retention, and the scheduler on Ray.
+
+The argument checks and retention need no Ray. The Ray test is one short real pretraining run (2 workers on the
+session's local Ray, 12 steps, a checkpoint every 2, keep_last 2): a schedule of every 4 steps is attached once the
+run has its first checkpoint, its scheduler actor is SIGKILLed after its first evaluation (Ray restarts it), and
+every matching checkpoint must end up evaluated exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from services import run_log, schedule_state
+from services.cli import main
+from services.ledger import RunLedger
+from services.run_config import RunConfig
+from services.schedule import start_runner
+from services.schedule_state import RESULT_KIND, ScheduleSpec
+from services.train import run_pretraining
+from tests.test_coordinator import write_checkpoint
+from tests.test_train import run_config, write_heldout, write_shards
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
+@pytest.fixture
+def ledger_run(tmp_path) -> RunLedger:
+    """A run directory with its ledger (coordinator.json) and held-out documents; no training."""
+    shards = write_heldout(tmp_path / "shards")
+    config = RunConfig.from_dict(
+        {"run": {"name": "r", "output_dir": str(tmp_path)}, "data": {"shards": str(shards)}, "train": {"keep_last": 1}}
+    )
+    return RunLedger(tmp_path / "r", "r", config.to_dict())
+
+
+# --- the CLI refuses bad input before Ray starts ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["eval", "schedule", "{missing}", "--every", "4"], "RUN {missing}: no such run directory"),
+        (["eval", "schedule", "{run}", "--every", "0"], "--every 0: must be at least 1"),
+        (["eval", "schedule", "{run}", "--every", "4", "--task", "polarity"], "--task-data: give one data directory"),
+        (["eval", "schedule", "{run}", "--every", "4", "--heldout", "{missing}"], "--heldout {missing}: no such file"),
+        (["eval", "schedule", "{run}", "--every", "4", "--name", "a/b"], "--name 'a/b'"),
+        (["eval", "cancel", "{run}", "nothing"], "no schedule 'nothing' on this run"),
+    ],
+)
+def test_bad_arguments_are_one_line_naming_the_argument_and_exit_2(ledger_run, tmp_path, capsys, argv, message):
+    paths = {"run": str(ledger_run.run_dir), "missing": str(tmp_path / "nowhere")}
+    code = main([arg.format(**paths) for arg in argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message.format(**paths) in err and len(err.strip().splitlines()) == 1
+    assert not ray.is_initialized()
+
+
+def test_eval_list_and_cancel_work_from_the_run_directory(ledger_run, capsys):
+    assert main(["eval", "list", str(ledger_run.run_dir)]) == 0
+    assert "no evaluation schedules" in capsys.readouterr().out
+    schedule_state.create_or_attach(ledger_run.run_dir, ScheduleSpec("every-4", 4, "/h"))
+    assert main(["eval", "cancel", str(ledger_run.run_dir), "every-4"]) == 0
+    assert main(["eval", "list", str(ledger_run.run_dir)]) == 0
+    assert "every-4: every 4, 0 done" in capsys.readouterr().out
+    assert schedule_state.load(ledger_run.run_dir, "every-4").cancelled
+
+
+# --- retention ---------------------------------------------------------------------------------------------------
+
+
+def test_retention_keeps_the_checkpoints_a_live_schedule_has_not_evaluated_yet(ledger_run):
+    schedule_state.create_or_attach(ledger_run.run_dir, ScheduleSpec("every-2", 2, "/h"))
+    root = ledger_run.run_dir / "checkpoints"
+    for step in (2, 3, 4, 5):
+        ledger_run.checkpoint_saved(step, write_checkpoint(root / f"step_{step:08d}", step))
+    assert [c.step for c in ledger_run.state.checkpoints] == [2, 4, 5]  # keep_last 1, and 2 and 4 held
+
+    schedule_state.update(ledger_run.run_dir, "every-2", lambda s: s.mark_done(2, "x"))
+    ledger_run.checkpoint_saved(7, write_checkpoint(root / "step_00000007", 7))
+    assert [c.step for c in ledger_run.state.checkpoints] == [4, 7]  # 2 was evaluated: freed
+
+
+# --- a real run, its scheduler killed once ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scheduled_run(ray_local, tmp_path_factory):
+    root = tmp_path_factory.mktemp("scheduled")
+    shards = write_heldout(write_shards(root / "shards"))
+    config = run_config(root, shards, "scheduled", checkpoint_every=2, keep_last=2)
+    config.optim.total_steps = 12
+    training = threading.Thread(target=run_pretraining, args=(config,), kwargs={"resume": False})
+    training.start()
+    run_dir = config.run_dir.resolve()
+    wait_for(lambda: list((run_dir / "checkpoints").glob("step_*")), 180, "the run's first checkpoint")
+    spec = ScheduleSpec("every-4", 4, str((shards / "heldout" / "documents.parquet").resolve()), cpus=1.0)
+    schedule_state.create_or_attach(run_dir, spec)  # attached mid-run
+    runner = start_runner(run_dir, "every-4", detached=False, poll_s=0.2)
+    wait_for(lambda: schedule_state.load(run_dir, "every-4").done, 180, "the schedule's first evaluation")
+    os.kill(ray.get(runner.pid.remote()), signal.SIGKILL)
+    killed_after = dict(schedule_state.load(run_dir, "every-4").done)
+    training.join(timeout=300)
+    state = wait_for(
+        lambda: (s := schedule_state.load(run_dir, "every-4")).complete and s, 180, "the schedule to complete"
+    )
+    return run_dir, state, killed_after
+
+
+def test_every_matching_checkpoint_is_evaluated_exactly_once_across_a_scheduler_kill(scheduled_run):
+    run_dir, state, killed_after = scheduled_run
+    lines = [r for r in run_log.read_metrics(run_dir) if r.get("kind") == RESULT_KIND]
+    assert sorted(r["step"] for r in lines) == [4, 8, 12]
+    assert all(r["schedule"] == "every-4" and 0 <= r["mlm_acc"] <= 1 for r in lines)
+    assert sorted(state.done) == [4, 8, 12] and not state.missing and not state.failed
+    assert state.starts == 2  # the first scheduler and the one Ray restarted after the kill
+    assert killed_after and set(killed_after) < {4, 8, 12}
+
+
+def test_a_complete_schedule_holds_no_checkpoint_and_shows_in_the_run_status(scheduled_run):
+    run_dir, _, _ = scheduled_run
+    code = main(["status", str(run_dir)])
+    assert code == 0
+    (summary,) = schedule_state.summaries(run_dir)
+    assert summary["done"] == 3 and summary["last_step"] == 12 and summary["complete"]
+    assert schedule_state.held_steps(run_dir, [4, 8, 12]) == set()
+
+
+def test_the_report_plots_the_schedules_results(scheduled_run):
+    from services.report import write_report
+
+    run_dir, _, _ = scheduled_run
+    report = write_report(run_dir).read_text()
+    assert "## Evaluation schedules" in report and "every-4" in report
+    assert (Path(run_dir) / "schedules.png").is_file()
+
+
+def test_submit_eval_makes_the_run_heldout_and_task_paths_absolute_under_the_uploaded_directory(tmp_path):
+    from services.submit_checks import prepare_job_args
+
+    argv = ["schedule", "runs/x", "--every", "4", "--heldout=shards/h.parquet", "--task", "polarity"]
+    args, notes = prepare_job_args("eval", [*argv, "--task-data", "data/p"], tmp_path)
+    assert args == [
+        "schedule", str(tmp_path / "runs/x"), "--every", "4", f"--heldout={tmp_path / 'shards/h.parquet'}",
+        "--task", "polarity", "--task-data", str(tmp_path / "data/p"),
+    ]  # fmt: skip
+    assert len(notes) == 3
+    assert prepare_job_args("eval", ["list", "/abs/run"], tmp_path) == (["list", "/abs/run"], [])
