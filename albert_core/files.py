@@ -59,6 +59,18 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
+def read_state_json(text: str, source: str | Path, version: int, what: str = "state") -> dict[str, Any]:
+    """A state file's JSON object, checked for its format version; the file is written atomically, so text that does
+    not parse was edited by hand."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{source}: not valid JSON ({err}); it is written atomically, so it was edited") from None
+    if data.get("version") != version:
+        raise ValueError(f"{source}: {what} version {data.get('version')!r}, expected {version}")
+    return data
+
+
 @contextlib.contextmanager
 def file_lock(path: str | Path, *, blocking: bool = True) -> Iterator[bool]:
     """Hold an exclusive advisory lock (flock) on `path` (created if absent) for the block; yields whether it is

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_core.files import CorruptCheckpoint, atomic_write_bytes, verify_manifest
+from albert_core.files import CorruptCheckpoint, atomic_write_bytes, read_state_json, verify_manifest
 from services import run_log, schedule_state
 from services.health import plateau
 from services.run_config import RunConfig
@@ -117,12 +117,7 @@ class LedgerState:
 
     @classmethod
     def from_json(cls, text: str, source: Path) -> LedgerState:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{source}: not valid JSON ({err}); it is written atomically, so it was edited") from None
-        if data.get("version") != STATE_VERSION:
-            raise ValueError(f"{source}: state version {data.get('version')!r}, expected {STATE_VERSION}")
+        data = read_state_json(text, source, STATE_VERSION)
         last = data.pop("last_train")
         return cls(
             **{k: v for k, v in data.items() if k not in ("dropout", "checkpoints", "refused", "evals")},

@@ -16,6 +16,7 @@ training: a restarted or resumed worker group always finds its CPUs.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -43,7 +44,9 @@ class ScheduleBusy(ValueError):
 
 
 def runner_name(run_dir: str | Path, name: str) -> str:
-    return f"albert-schedule:{Path(run_dir).name}:{name}"
+    """`albert-schedule:RUN:NAME:HASH` (HASH: of the run directory's path, so two runs of one name never share it)."""
+    path = Path(run_dir).resolve()
+    return f"albert-schedule:{path.name}:{name}:{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
 
 
 def run_config_of(run_dir: str | Path) -> RunConfig:
@@ -144,8 +147,7 @@ class Scheduler:
                 self.evaluate(due, stop)
             elif once:
                 break
-            else:
-                self._release_evaluator()
+            else:  # the evaluator stays up between checkpoints: a new one would import torch and read the held-out set
                 stop.wait(self.poll_s)
         return schedule_state.load(self.run_dir, self.name)
 
@@ -155,6 +157,7 @@ class Scheduler:
 
         def start(state: ScheduleState) -> None:
             state.starts += 1
+            state.complete = False  # found again below, once nothing is pending (the run may have trained on)
             taken = state.reconcile(results)
             if taken:
                 log.info("schedule %s: steps %s were in the metrics log already", self.name, taken)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_core.files import atomic_write_bytes, file_lock
+from albert_core.files import atomic_write_bytes, file_lock, read_state_json
 
 SCHEDULES_DIR = "schedules"
 RESULT_KIND = "schedule_eval"  # the kind of a schedule's result lines in metrics.jsonl
@@ -152,12 +152,7 @@ class ScheduleState:
 
     @classmethod
     def from_json(cls, text: str, source: Path) -> ScheduleState:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{source}: not valid JSON ({err}); it is written atomically, so it was edited") from None
-        if data.get("version") != VERSION:
-            raise ValueError(f"{source}: schedule state version {data.get('version')!r}, expected {VERSION}")
+        data = read_state_json(text, source, VERSION, "schedule state")
         spec = data.pop("spec")
         spec = ScheduleSpec(**{**spec, "tasks": tuple(spec["tasks"]), "task_data": tuple(spec["task_data"])})
         steps = {key: {int(s): v for s, v in data.pop(key).items()} for key in ("done", "missing", "failed")}
@@ -208,8 +203,10 @@ def update(run_dir: str | Path, name: str, change: Callable[[ScheduleState], Any
     """Read the file, apply `change`, write it back atomically, all under the schedule's lock; returns the state."""
     with file_lock(schedules_dir(run_dir) / f".{name}.lock"):
         state = load(run_dir, name)
+        before = state.to_json()
         change(state)
-        atomic_write_bytes(state_path(run_dir, name), state.to_json().encode())
+        if state.to_json() != before:  # the scheduler looks every few seconds; most looks change nothing
+            atomic_write_bytes(state_path(run_dir, name), state.to_json().encode())
         return state
 
 

@@ -44,7 +44,25 @@ def prepare_eval_args(args: list[str], root: Path) -> tuple[list[str], list[str]
         out.append(f"{flag}{sep}{new}" if sep else new)
         if new != value:
             notes.append(f"{value} -> {new}")
+    if options.action == "schedule" and not options.heldout:
+        heldout = _default_heldout(Path(absolute[options.run]), root)
+        if heldout is not None:  # the run's data.shards is relative to where it was trained: here
+            out.append(f"--heldout={heldout}")
+            notes.append(f"--heldout: the run's held-out set, {heldout}")
     return out, notes
+
+
+def _default_heldout(run_dir: Path, root: Path) -> str | None:
+    """The run's <data.shards>/heldout/documents.parquet made absolute under root, when data.shards is relative and
+    the run directory is readable here; None otherwise (the job reads the run's config itself)."""
+    from albert_core.shards import HELDOUT_FILE
+    from services.schedule import run_config_of
+
+    try:
+        shards = run_config_of(run_dir).data.shards
+    except (FileNotFoundError, ValueError):
+        return None
+    return None if _absolute(shards, root) == shards else str(Path(_absolute(shards, root)) / HELDOUT_FILE)
 
 
 def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:

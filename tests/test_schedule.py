@@ -160,3 +160,13 @@ def test_submit_eval_makes_the_run_heldout_and_task_paths_absolute_under_the_upl
     ]  # fmt: skip
     assert len(notes) == 3
     assert prepare_job_args("eval", ["list", "/abs/run"], tmp_path) == (["list", "/abs/run"], [])
+
+
+def test_submit_eval_passes_the_runs_relative_heldout_set_made_absolute(tmp_path):
+    """A run trained here with a relative data.shards: the job, in the uploaded copy, could not find it."""
+    from services.submit_checks import prepare_job_args
+
+    config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "data": {"shards": "shards"}})
+    RunLedger(tmp_path / "r", "r", config.to_dict())
+    args, _ = prepare_job_args("eval", ["schedule", str(tmp_path / "r"), "--every", "4"], tmp_path)
+    assert args[-1] == f"--heldout={tmp_path / 'shards' / 'heldout' / 'documents.parquet'}"
