@@ -121,6 +121,7 @@ def scheduled_run(ray_local, tmp_path_factory):
     return run_dir, state, killed_after
 
 
+@pytest.mark.ray
 def test_every_matching_checkpoint_is_evaluated_exactly_once_across_a_scheduler_kill(scheduled_run):
     run_dir, state, killed_after = scheduled_run
     lines = [r for r in run_log.read_metrics(run_dir) if r.get("kind") == RESULT_KIND]
@@ -131,6 +132,7 @@ def test_every_matching_checkpoint_is_evaluated_exactly_once_across_a_scheduler_
     assert killed_after and set(killed_after) < {4, 8, 12}
 
 
+@pytest.mark.ray
 def test_a_complete_schedule_holds_no_checkpoint_and_shows_in_the_run_status(scheduled_run):
     run_dir, _, _ = scheduled_run
     code = main(["status", str(run_dir)])
@@ -140,6 +142,7 @@ def test_a_complete_schedule_holds_no_checkpoint_and_shows_in_the_run_status(sch
     assert schedule_state.held_steps(run_dir, [4, 8, 12]) == set()
 
 
+@pytest.mark.ray
 def test_the_report_plots_the_schedules_results(scheduled_run):
     from services.report import write_report
 
