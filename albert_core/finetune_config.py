@@ -174,7 +174,9 @@ class FinetuneConfig:
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"FinetuneConfig.dropout: expected None or a probability in [0, 1), got {self.dropout!r}")
         if self.pooling is not None and self.pooling not in POOLINGS:
-            raise ValueError(f"FinetuneConfig.pooling: expected None or one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+            raise ValueError(
+                f"FinetuneConfig.pooling: expected None or one of {', '.join(POOLINGS)}, got {self.pooling!r}"
+            )
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"FinetuneConfig.precision: expected 'fp32' or 'bf16', got {self.precision!r}")
         self.hyperparams()  # validate the combination now, not after the data is read

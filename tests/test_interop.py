@@ -212,26 +212,21 @@ def test_real_bert_weights_match_transformers_bertmodel():
     assert (cls @ cls.T).fill_diagonal_(0).max() < 0.99
 
 
-def test_a_pre_ln_model_is_not_exported_to_transformers_which_has_only_post_ln():
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(layer_norm_position="pre"), "layer_norm_position: 'pre' has no transformers equivalent"),
+        (dict(position_bias="alibi"), "position_bias: 'alibi' has no transformers equivalent"),
+        (dict(position_bias="rotary"), "position_bias: 'rotary' has no transformers equivalent"),
+        (
+            dict(pooling="mean"),
+            r"pooling: 'mean' has no transformers equivalent \(transformers' pooler reads \[CLS\]\)",
+        ),
+    ],
+)
+def test_a_model_transformers_cannot_express_is_not_exported_naming_the_field(changes, message):
     config = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=2,
-                          num_attention_heads=2, intermediate_size=32, layer_norm_position="pre")  # fmt: skip
+                          num_attention_heads=2, intermediate_size=32, **changes)  # fmt: skip
     state = AlbertForPreTraining(config).state_dict()
-    with pytest.raises(ValueError, match="layer_norm_position: 'pre' has no transformers equivalent"):
-        to_hf(state, config)
-
-
-@pytest.mark.parametrize("bias", ["alibi", "rotary"])
-def test_a_model_with_a_position_bias_is_not_exported_to_transformers(bias):
-    config = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=2,
-                          num_attention_heads=2, intermediate_size=32, position_bias=bias)  # fmt: skip
-    state = AlbertForPreTraining(config).state_dict()
-    with pytest.raises(ValueError, match=f"position_bias: '{bias}' has no transformers equivalent"):
-        to_hf(state, config)
-
-
-def test_a_mean_pooling_model_is_not_exported_to_transformers_whose_pooler_reads_cls():
-    config = AlbertConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=2,
-                          num_attention_heads=2, intermediate_size=32, pooling="mean")  # fmt: skip
-    state = AlbertForPreTraining(config).state_dict()
-    with pytest.raises(ValueError, match="pooling: 'mean' has no transformers equivalent"):
+    with pytest.raises(ValueError, match=message):
         to_hf(state, config)
