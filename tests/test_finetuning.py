@@ -351,6 +351,23 @@ def test_pretrained_backbone_is_loaded_under_a_new_head(tmp_path, tok_dir, tok):
     assert model.classifier_dropout.p == 0.1
 
 
+def test_pooling_mean_reaches_the_task_model_and_its_saved_config(tmp_path, tok_dir, tok):
+    save_model(tmp_path / "ckpt", AlbertForPreTraining(tiny(tok.vocab_size)))  # pretrained with [CLS] pooling
+    tok.save(tmp_path / "ckpt")
+    data = write_sst2(tmp_path, n_train=16, n_dev=8, test=False)
+    cfg = FinetuneConfig(
+        "sst2", str(data), checkpoint=str(tmp_path / "ckpt"), overrides=dict(SMALL), pooling="mean",
+        eval_every=0, output_dir=str(tmp_path / "out"), save_model=True,
+    )  # fmt: skip
+    h = cfg.hyperparams()
+    assert build_model(cfg, load_task_data(cfg, tok, h), h, tok.vocab_size).albert.config.pooling == "mean"
+    finetune(cfg)
+    saved = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
+    assert saved["pooling"] == "mean"
+    with pytest.raises(ValueError, match="FinetuneConfig.pooling: expected None or one of cls, mean, got 'max'"):
+        FinetuneConfig("sst2", str(data), checkpoint=str(tmp_path / "ckpt"), pooling="max")
+
+
 def test_race_max_qa_length_must_leave_room_for_the_article(tmp_path, tok_dir):
     with pytest.raises(ValueError, match="FinetuneConfig.max_qa_length"):
         finetune(config("race", race_dir(tmp_path), tok_dir, tmp_path, max_qa_length=128))
