@@ -360,8 +360,13 @@ class RunLedger:
         dropped = run_log.repair(self.run_dir)
         if dropped:
             self.event(self.state.step, "metrics_log_repaired", dropped_bytes=dropped)
+        saved: dict[int, str] = {}  # checkpoints the log says were saved and not deleted since
         for record in run_log.read_metrics(self.run_dir / run_log.METRICS_FILE):
-            if record.get("kind") == "train":
+            if record.get("kind") == "event" and record.get("event") in ("checkpoint_saved", "checkpoint_deleted"):
+                saved.pop(record["step"], None)
+                if record["event"] == "checkpoint_saved":
+                    saved[record["step"]] = record["path"]
+            elif record.get("kind") == "train":
                 metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind")}
                 self.state.last_train = TrainLine(record["step"], metrics)
                 self.state.step = record["step"]
@@ -370,6 +375,26 @@ class RunLedger:
                 if entry is not None and entry.status == "pending":
                     entry.status, entry.error = "done", None
                     entry.metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind", "checkpoint")}
+        self._reindex_saved_checkpoints(saved)
+
+    def _reindex_saved_checkpoints(self, saved: dict[int, str]) -> None:
+        """Index the checkpoints the log names as saved that the state file missed (a coordinator killed between
+        the checkpoint_saved line and its next state write), if they are still intact on disk, and schedule the
+        evaluation each was due; without this a resume would start from an older checkpoint."""
+        indexed = {(c.step, c.path) for c in self.state.checkpoints}
+        for step, path in sorted(saved.items()):
+            if (step, path) in indexed or self.checkpoint(step) is not None:
+                continue
+            try:
+                verify_checkpoint(path)
+            except CorruptCheckpoint:
+                continue  # a checkpoint cut short by the same crash: the previous one stays the newest
+            self.state.checkpoints.append(CheckpointEntry(step, path, {}, time.time()))
+            self.state.checkpoints.sort(key=lambda c: c.step)
+            self.event(step, "checkpoint_reindexed", path=path)
+            self.state.finished = self.state.finished or step >= self.config.optim.total_steps
+            if self._eval_due(step, final=False):
+                self.schedule_eval(step, path)
 
     def status(self, *, live: bool) -> dict[str, Any]:
         return status_from_state(self.state, live=live)

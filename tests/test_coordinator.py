@@ -31,7 +31,7 @@ from services.coordinator import (
     verify_checkpoint,
 )
 from services.eval import UnknownTask
-from services.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S
+from services.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger
 from services.run_config import RunConfig
 
 VOCAB = 64
@@ -391,6 +391,26 @@ def test_a_killed_coordinator_restarts_from_its_state_file_with_nothing_lost(mak
     run.call("report", 110, {"loss": 1.5})
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "train"] == [90, 110]
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
+
+
+def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed_again_on_reopen(tmp_path):
+    """A coordinator killed between the checkpoint_saved line and its state write: the reopened ledger takes the
+    checkpoint back from the log (resume starts from it, its evaluation is due), unless it was deleted since or
+    does not verify."""
+    config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "eval": {"every_steps": 100}})
+    run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
+    ledger = RunLedger(run_dir, "r", config.to_dict())
+    ledger.checkpoint_saved(100, write_checkpoint(checkpoints / "step_100", 100))
+    for step in (150, 200, 300):  # each logged as saved, the state file not written after it (the crash)
+        ledger.event(step, "checkpoint_saved", path=write_checkpoint(checkpoints / f"step_{step}", step))
+    ledger.event(150, "checkpoint_deleted", path=str(checkpoints / "step_150"))
+    flip_a_bit(checkpoints / "step_300" / "model.safetensors")  # cut short by the same crash
+    reopened = RunLedger(run_dir, "r", config.to_dict())
+    assert [c.step for c in reopened.state.checkpoints] == [100, 200]
+    assert reopened.latest_good_checkpoint() == str(checkpoints / "step_200")
+    assert [e.step for e in reopened.pending_evals()] == [100, 200]
+    assert [line["step"] for line in events(run_dir, "checkpoint_reindexed")] == [200]
+    assert [c.step for c in RunLedger(run_dir, "r", config.to_dict()).state.checkpoints] == [100, 200]  # once
 
 
 def test_read_status_reads_the_run_without_its_coordinator(make_run):
