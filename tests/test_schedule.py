@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from services import run_log, schedule_state
+from services import pipeline, run_log, schedule_state
 from services.cli import main
 from services.ledger import RunLedger
 from services.run_config import RunConfig
@@ -61,13 +61,22 @@ def ledger_run(tmp_path) -> RunLedger:
         (["eval", "cancel", "{run}", "nothing"], "no schedule 'nothing' on this run"),
     ],
 )
-def test_bad_arguments_are_one_line_naming_the_argument_and_exit_2(ledger_run, tmp_path, capsys, argv, message):
+def test_bad_arguments_are_one_line_naming_the_argument_and_exit_2(
+    ledger_run, tmp_path, capsys, monkeypatch, argv, message
+):
+    def connect(*_args, **_kwargs):
+        raise AssertionError("albert eval connected to Ray before checking its arguments")
+
+    # Another test of the session may have started Ray in this process already: what must hold is that the refusal
+    # comes before the command connects (services.pipeline.connect is the one way it does).
+    monkeypatch.setattr(pipeline, "connect", connect)
+    ray_before = ray.is_initialized()
     paths = {"run": str(ledger_run.run_dir), "missing": str(tmp_path / "nowhere")}
     code = main([arg.format(**paths) for arg in argv])
     err = capsys.readouterr().err
     assert code == 2
     assert message.format(**paths) in err and len(err.strip().splitlines()) == 1
-    assert not ray.is_initialized()
+    assert ray.is_initialized() == ray_before
 
 
 def test_eval_list_and_cancel_work_from_the_run_directory(ledger_run, capsys):
