@@ -381,9 +381,8 @@ class RunLedger:
         """Index the checkpoints the log names as saved that the state file missed (a coordinator killed between
         the checkpoint_saved line and its next state write), if they are still intact on disk, and schedule the
         evaluation each was due; without this a resume would start from an older checkpoint."""
-        indexed = {(c.step, c.path) for c in self.state.checkpoints}
         for step, path in sorted(saved.items()):
-            if (step, path) in indexed or self.checkpoint(step) is not None:
+            if self.checkpoint(step) is not None:  # indexed (this path or a replacement)
                 continue
             try:
                 verify_checkpoint(path)
