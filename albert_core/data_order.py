@@ -16,12 +16,21 @@ out.
 Step s of a run with global batch G trains the stream positions [p_s, p_s + G), where p_s is the data position
 (examples consumed so far), and worker r of W takes the slice [p_s + r·G/W, p_s + (r+1)·G/W) of it. A resumed run
 continues at its saved data position, whatever its worker count.
+
+A shard set grows by parts (`albert preprocess --append-to`); its version is its number of parts, and the files of
+version v are the first files of version v + 1, so a global row keeps its number as the set grows. A run records
+the version each of its epochs trains on (`DataStream`): one that follows its shard set takes the newest version at
+each epoch boundary, and a resume replays the recorded versions. Mixture weights (relative sampling ratios per
+part) make an epoch draw about `total blocks x ratio` blocks from each part, without replacement up to the part's
+size and in whole extra copies beyond it, seeded by (seed, epoch, part); the drawn blocks are then shuffled as
+above. Without weights an epoch is every example once, exactly as a set of one part.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,12 +41,18 @@ WINDOW_ROWS = 1 << 16
 
 @dataclass(frozen=True)
 class ExampleOrder:
-    """The epoch orders of a shard set. Global row g is row g - offsets[f] of file f."""
+    """The epoch orders of one version of a shard set. Global row g is row g - offsets[f] of file f.
+
+    `part_files`: the number of files of each part, in order (empty: one part of every file). `weights`: a relative
+    sampling ratio per part (None: every example once per epoch).
+    """
 
     rows_per_file: tuple[int, ...]
     seed: int
     block_rows: int = BLOCK_ROWS
     window_rows: int = WINDOW_ROWS
+    part_files: tuple[int, ...] = ()
+    weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.rows_per_file or min(self.rows_per_file) < 0 or sum(self.rows_per_file) == 0:
@@ -46,6 +61,12 @@ class ExampleOrder:
             raise ValueError(
                 f"ExampleOrder: need 1 <= block_rows <= window_rows, got {self.block_rows}, {self.window_rows}"
             )
+        if self.part_files and (sum(self.part_files) != len(self.rows_per_file) or min(self.part_files) < 1):
+            raise ValueError(f"ExampleOrder: part_files {self.part_files} do not cover {len(self.rows_per_file)} files")
+        if self.weights is not None:
+            parts = len(self.part_files) or 1
+            if len(self.weights) != parts or min(self.weights) < 0 or sum(self.weights) <= 0:
+                raise ValueError(f"ExampleOrder: expected {parts} weights >= 0, not all 0, got {self.weights}")
 
     @functools.cached_property
     def num_examples(self) -> int:
@@ -65,58 +86,130 @@ class ExampleOrder:
             blocks.append(np.stack([starts, np.minimum(starts + self.block_rows, self.offsets[f + 1])], axis=1))
         return np.concatenate(blocks)
 
+    def _epoch_blocks(self, epoch: int) -> np.ndarray:
+        """The blocks an epoch trains on, in order: all of them once, or a weighted draw per part."""
+        blocks = self._blocks
+        if self.weights is not None:
+            blocks = self._weighted_draw(epoch)
+        return blocks[np.random.default_rng([self.seed, epoch, 0]).permutation(len(blocks))]
+
+    def _weighted_draw(self, epoch: int) -> np.ndarray:
+        file_of_block = np.searchsorted(self.offsets, self._blocks[:, 0], side="right") - 1
+        part_of_file = np.repeat(np.arange(len(self.part_files) or 1), self.part_files or [len(self.rows_per_file)])
+        part_of_block = part_of_file[file_of_block]
+        ratios = np.asarray(self.weights, dtype=np.float64) / sum(self.weights)
+        drawn = []
+        for part, ratio in enumerate(ratios):
+            mine = np.flatnonzero(part_of_block == part)
+            wanted = int(round(len(self._blocks) * ratio))
+            copies, rest = divmod(wanted, len(mine)) if len(mine) else (0, 0)
+            rng = np.random.default_rng([self.seed, epoch, 2, part])
+            drawn += [mine] * copies + [rng.choice(mine, size=rest, replace=False)]
+        return self._blocks[np.concatenate(drawn).astype(np.int64)]
+
     @functools.lru_cache(maxsize=4)  # noqa: B019 - a handful of epochs per order, freed with it
     def _epoch_windows(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """The epoch's permuted blocks and the epoch index at which each window starts."""
-        blocks = self._blocks[np.random.default_rng([self.seed, epoch, 0]).permutation(len(self._blocks))]
-        sizes = blocks[:, 1] - blocks[:, 0]
-        ends = np.cumsum(sizes)
+        """The epoch's permuted blocks and the epoch index at which each window starts (and its size at the end)."""
+        blocks = self._epoch_blocks(epoch)
+        ends = np.cumsum(blocks[:, 1] - blocks[:, 0])
         starts = [0]
         for end in ends[:-1]:  # close a window at the first block boundary past window_rows
             if end - starts[-1] >= self.window_rows:
                 starts.append(int(end))
-        return blocks, np.asarray(starts, dtype=np.int64)
+        return blocks, np.asarray([*starts, int(ends[-1]) if len(ends) else 0], dtype=np.int64)
+
+    def epoch_size(self, epoch: int) -> int:
+        """Examples in the epoch: every example once, or the sizes of a weighted epoch's drawn blocks."""
+        return self.num_examples if self.weights is None else int(self._epoch_windows(epoch)[1][-1])
 
     def window_of(self, epoch: int, index: int) -> tuple[int, int]:
         """(window number, its first epoch index) holding epoch index `index`."""
-        _, starts = self._epoch_windows(epoch)
-        w = int(np.searchsorted(starts, index, side="right")) - 1
-        return w, int(starts[w])
+        _, bounds = self._epoch_windows(epoch)
+        w = int(np.searchsorted(bounds[:-1], index, side="right")) - 1
+        return w, int(bounds[w])
 
     @functools.lru_cache(maxsize=8)  # noqa: B019
     def window(self, epoch: int, w: int) -> np.ndarray:
         """The global rows of window w of an epoch, in training order."""
-        blocks, starts = self._epoch_windows(epoch)
+        blocks, bounds = self._epoch_windows(epoch)
         ends = np.cumsum(blocks[:, 1] - blocks[:, 0])
-        first = int(np.searchsorted(ends, starts[w], side="right"))
-        stop = self.num_examples if w + 1 == len(starts) else int(starts[w + 1])
-        last = int(np.searchsorted(ends, stop, side="left"))
+        first = int(np.searchsorted(ends, bounds[w], side="right"))
+        last = int(np.searchsorted(ends, bounds[w + 1], side="left"))
         rows = np.concatenate([np.arange(a, b) for a, b in blocks[first : last + 1]])
         return rows[np.random.default_rng([self.seed, epoch, 1, w]).permutation(len(rows))]
 
+    @property
+    def end(self) -> float:
+        """The first stream position whose order is not decided: none, every epoch follows from the seed."""
+        return math.inf
+
     def rows_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(global row, epoch) of each stream position."""
-        positions = np.asarray(positions, dtype=np.int64)
-        epochs, indices = np.divmod(positions, self.num_examples)
-        rows = np.empty_like(positions)
-        for epoch in np.unique(epochs):
-            here = epochs == epoch
-            rows[here] = self._rows_in_epoch(int(epoch), indices[here])
-        return rows, epochs
+        return DataStream(lambda version: self, [1], open_ended=True).rows_at(positions)
 
-    def _rows_in_epoch(self, epoch: int, indices: np.ndarray) -> np.ndarray:
+    def rows_in_epoch(self, epoch: int, indices: np.ndarray) -> np.ndarray:
+        """The global rows at these indices of the epoch's order."""
         out = np.empty_like(indices)
-        _, starts = self._epoch_windows(epoch)
-        windows = np.searchsorted(starts, indices, side="right") - 1
+        _, bounds = self._epoch_windows(epoch)
+        windows = np.searchsorted(bounds[:-1], indices, side="right") - 1
         for w in np.unique(windows):
             here = windows == w
-            out[here] = self.window(epoch, int(w))[indices[here] - starts[w]]
+            out[here] = self.window(epoch, int(w))[indices[here] - bounds[w]]
         return out
 
     def file_row(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(file index, row in file) of global rows."""
         files = np.searchsorted(self.offsets, rows, side="right") - 1
         return files, rows - self.offsets[files]
+
+
+class DataStream:
+    """A run's stream of examples over a shard set that may grow: epoch e trains on version `versions[e]`'s order
+    (`order_of(version)`), and positions continue from one epoch into the next. `open_ended`: epochs past the
+    recorded ones keep the last version (a run that does not follow its shard set); otherwise the stream ends
+    with the recorded epochs, and the run decides the next epoch's version when it gets there."""
+
+    def __init__(self, order_of: Callable[[int], ExampleOrder], versions: Sequence[int], *, open_ended: bool):
+        if not versions:
+            raise ValueError("DataStream: expected the version of at least one epoch")
+        self.order_of, self.versions, self.open_ended = order_of, list(versions), open_ended
+        self._starts = [0]  # the first position of each epoch whose size is known so far
+
+    def version(self, epoch: int) -> int:
+        return self.versions[min(epoch, len(self.versions) - 1)]
+
+    def _start(self, epoch: int) -> int:
+        while len(self._starts) <= epoch:
+            e = len(self._starts) - 1
+            self._starts.append(self._starts[-1] + self.order_of(self.version(e)).epoch_size(e))
+        return self._starts[epoch]
+
+    @property
+    def end(self) -> float:
+        """The first position whose epoch's version is not decided yet (inf for an open-ended stream)."""
+        return math.inf if self.open_ended else self._start(len(self.versions))
+
+    def epoch_of(self, position: int) -> int:
+        """The epoch holding stream position `position` (an undecided epoch past the end counts as the next one)."""
+        epoch = 0
+        while self._start(epoch + 1) <= position and (self.open_ended or epoch < len(self.versions)):
+            epoch += 1
+        return epoch
+
+    def rows_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(global row, epoch) of each stream position (all before `end`)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if len(positions) and positions.max() >= self.end:
+            raise ValueError(f"DataStream: position {int(positions.max())} is past the decided epochs ({self.end})")
+        rows = np.empty_like(positions)
+        last = self.epoch_of(int(positions.max())) if len(positions) else 0
+        starts = np.asarray([self._start(e) for e in range(last + 1)], dtype=np.int64)
+        epochs = np.searchsorted(starts, positions, side="right") - 1
+        for epoch in np.unique(epochs):
+            here = epochs == epoch
+            order = self.order_of(self.version(int(epoch)))
+            rows[here] = order.rows_in_epoch(int(epoch), positions[here] - self._start(int(epoch)))
+        return rows, epochs
 
 
 def worker_positions(position: int, global_batch: int, rank: int, world: int) -> range:

@@ -3,11 +3,13 @@ after a resume (albert_core.data_order, services.train.data on real Parquet shar
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.data_order import ExampleOrder, worker_positions
+from albert_core.data_order import DataStream, ExampleOrder, worker_positions
 from albert_core.shards import write_random_shards
 from services.train.data import Prefetch, ShardRows, host_steps
 
@@ -120,3 +122,71 @@ def test_prefetch_closed_early_stops_reading_its_source():
     next(items)
     items.close()
     assert len(read) <= 5
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a shard set that grows by parts, and mixture weights (albert_core.data_order.DataStream)
+
+PARTS = (3, 1)  # files of part 0 (the first three of FILE_ROWS) and of part 1 (the last)
+
+
+def versioned(rows, seed=4, weights=None):
+    def order_of(version):
+        parts = PARTS[:version]
+        return ExampleOrder(rows[: sum(parts)], seed, block_rows=32, part_files=parts, weights=weights)
+
+    return order_of
+
+
+def test_a_stream_trains_each_epoch_on_its_version_and_continues_across_them(shards):
+    _, rows = shards
+    order_of = versioned(rows)
+    stream = DataStream(order_of, [1, 1, 2], open_ended=False)
+    n1, n2 = sum(rows[:3]), sum(rows)
+    assert stream.end == 2 * n1 + n2
+    got, epochs = stream.rows_at(np.arange(0, 2 * n1 + n2))
+    assert np.bincount(epochs).tolist() == [n1, n1, n2]
+    for epoch, expected in ((0, range(n1)), (1, range(n1)), (2, range(n2))):
+        assert sorted(got[epochs == epoch].tolist()) == list(expected)  # every example of the version once
+    # epochs 0 and 1 are version 1's own orders: the second part changes nothing before it is taken
+    alone, _ = ExampleOrder(rows[:3], 4, block_rows=32, part_files=(3,)).rows_at(np.arange(0, 2 * n1))
+    assert got[: 2 * n1].tolist() == alone.tolist()
+    with pytest.raises(ValueError, match="past the decided epochs"):
+        stream.rows_at([2 * n1 + n2])
+    assert stream.epoch_of(2 * n1 + n2) == 3  # the next, undecided epoch
+    open_ended = DataStream(order_of, [1, 2], open_ended=True)
+    assert open_ended.end == float("inf") and open_ended.epoch_of(n1 + 5 * n2) == 6
+
+
+def test_the_input_stops_before_a_step_that_reaches_an_undecided_epoch(shards):
+    files, rows = shards
+    stream = DataStream(versioned(rows), [1], open_ended=False)
+    source = host_steps(
+        ShardRows(files, versioned(rows)(2)), position=0, steps=1000, global_batch=64, micro_batch=32,
+        rank=0, world=1, mask=lambda part, epochs: epochs.tolist(), stream=stream,
+    )  # fmt: skip
+    assert len(list(source)) == sum(rows[:3]) // 64  # 23 whole steps fit in epoch 0 (1,500 rows)
+
+
+def whole_epoch(order: ExampleOrder, epoch: int) -> np.ndarray:
+    return order.rows_in_epoch(epoch, np.arange(order.epoch_size(epoch)))
+
+
+def test_mixture_weights_set_each_parts_share_of_an_epoch_reproducibly(shards):
+    _, rows = shards
+    weighted = functools.partial(ExampleOrder, rows, 4, block_rows=32, part_files=PARTS)
+    order = weighted(weights=(1.0, 1.0))
+    epochs = [whole_epoch(order, e) for e in range(3)]
+    assert [e.tolist() for e in epochs] == [whole_epoch(weighted(weights=(1.0, 1.0)), e).tolist() for e in range(3)]
+    assert len({tuple(e[:50]) for e in epochs}) == 3
+    # half of the 49 blocks are part 1's one block of 12 rows, drawn again and again: about 0.28 of the examples
+    assert all(0.2 < np.mean(e >= sum(rows[:3])) < 0.36 for e in epochs)
+    assert whole_epoch(weighted(weights=(1.0, 0.0)), 0).max() < sum(rows[:3])  # weight 0: never drawn
+
+
+def test_a_part_is_subsampled_without_replacement_below_its_size(shards):
+    _, rows = shards
+    order = ExampleOrder(rows, 4, block_rows=32, part_files=(1, 3), weights=(1.0, 3.0))
+    got = whole_epoch(order, 0)
+    first = got[got < rows[0]]
+    assert len(first) == len(set(first.tolist())) and 0 < len(first) < rows[0]  # a quarter of the blocks, once each
