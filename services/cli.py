@@ -301,15 +301,24 @@ def add_preprocess_command(commands: argparse._SubParsersAction) -> None:
     from services.preprocess_cli import ON_ERROR_HELP, cmd_preprocess
 
     p = commands.add_parser("preprocess", help="corpora -> Parquet shards of SOP/NSP pair examples + manifest")
+    set_default = "; with --append-to: the shard set's, and another value is refused"
     p.add_argument("--input", nargs="+", required=True, help="files, directories, globs or fsspec URLs")
-    p.add_argument("--tokenizer", required=True, help="spiece.model (or its directory)")
-    p.add_argument("--output", required=True, help="output directory (rerun into it to resume)")
-    p.add_argument("--objective", choices=OBJECTIVES, default="sop")
-    p.add_argument("--max-seq-length", type=int, default=512)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument(
+        "--tokenizer", help="spiece.model (or its directory); with --append-to: the set's, another sha256 is refused"
+    )
+    p.add_argument("--output", help="output directory (rerun into it to resume); required unless --append-to")
+    p.add_argument(
+        "--append-to",
+        metavar="SHARDS",
+        help="add the inputs to this finished shard set as its next part (instead of --output; rerun to resume)",
+    )
+    p.add_argument("--part-name", help="with --append-to: the new part's name (default: part-<k>)")
+    p.add_argument("--objective", choices=OBJECTIVES, help="default: sop" + set_default)
+    p.add_argument("--max-seq-length", type=int, help="default: 512" + set_default)
+    p.add_argument("--short-seq-prob", type=float, help="default: 0.1" + set_default)
+    p.add_argument("--seed", type=int, help="default: 12345" + set_default)
     p.add_argument("--on-error", choices=ON_ERROR, default=None, help=ON_ERROR_HELP)
-    p.add_argument("--heldout-fraction", type=float, default=0.01)
+    p.add_argument("--heldout-fraction", type=float, help="default: 0.01" + set_default)
     p.add_argument("--shard-mb", type=float, default=16.0, help="input megabytes grouped into one shard")
     p.add_argument("--format", choices=FORMATS, default="auto")
     p.add_argument("--text-field", default="text", help="JSONL / Parquet field holding the text")

@@ -13,6 +13,12 @@ seed, never on scheduling:
         → a done marker (.progress/shard-XXXXX.json: sha256s and counts) written last: the commit point
     driver: progress bar over input files; merges held-out parts into heldout/documents.parquet; manifest.json
 
+A shard set holds one or more *parts*: a plain run writes part 0; `--append-to` adds part k (services.
+preprocess_append) planned and run by the same code, its units numbered after the set's shards (so shard names and
+example ids stay unique), its progress in .progress/part-k/ and its held-out documents in heldout/part-k.parquet.
+manifest.json lists every part (services.preprocess_manifest) and is the commit point of each: it is rewritten
+atomically under .progress/manifest.lock, part 0 replaced with the later parts kept, or one part added.
+
 Resume: a rerun into the same output keeps every shard whose marker matches the plan and whose file still has the
 recorded sha256; everything else is redone from scratch. An output made by a different plan (other inputs, sizes,
 tokenizer or options) is refused rather than mixed. `stream_examples` runs the same transform and returns the rows
@@ -34,7 +40,6 @@ import json
 import os
 import posixpath
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,7 +62,6 @@ from albert_core.corpus import (
 from albert_core.pairs import OBJECTIVES, PairConfig
 from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, HELDOUT_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import Tokenizer
-from albert_core.unigram import count_pieces
 from services.preprocess_checks import (
     EXPECTED_INPUT,
     MISSING_HINT,
@@ -66,6 +70,8 @@ from services.preprocess_checks import (
     check_tokenizer,
     missing_input,
 )
+from services.preprocess_manifest import commit_part, manifest_head, part_entry
+from services.preprocess_manifest import write_json_atomic as _write_json_atomic
 from services.preprocess_unit import UnitTransform
 
 if TYPE_CHECKING:
@@ -73,7 +79,7 @@ if TYPE_CHECKING:
 
 PROGRESS_DIR = ".progress"  # plan.json, done markers, partial files
 PLAN_FILE = "plan.json"
-MANIFEST_VERSION = 1
+LOCK_FILE = "manifest.lock"  # in .progress/: held while manifest.json is rewritten or an append claims its part
 
 
 @dataclass
@@ -215,19 +221,20 @@ def list_input_files(config: PreprocessConfig) -> list[InputFile]:
     return files
 
 
-def plan_units(files: list[InputFile], shard_input_bytes: int) -> list[Unit]:
-    """Consecutive files grouped while they hold at most shard_input_bytes (a bigger file stands alone)."""
+def plan_units(files: list[InputFile], shard_input_bytes: int, first: int = 0) -> list[Unit]:
+    """Consecutive files grouped while they hold at most shard_input_bytes (a bigger file stands alone); the units
+    are numbered from `first` (an appended part continues its shard set's numbering)."""
     units: list[Unit] = []
     current: list[InputFile] = []
     size = 0
     for f in files:
         if current and size + f.size > shard_input_bytes:
-            units.append(Unit(len(units), tuple(current)))
+            units.append(Unit(first + len(units), tuple(current)))
             current, size = [], 0
         current.append(f)
         size += f.size
     if current:
-        units.append(Unit(len(units), tuple(current)))
+        units.append(Unit(first + len(units), tuple(current)))
     return units
 
 
@@ -237,6 +244,8 @@ def plan_fingerprint(config: PreprocessConfig, tokenizer: Tokenizer, units: list
         "tokenizer_sha256": tokenizer.sha256,
         "units": [[asdict(f) for f in u.files] for u in units],
     }
+    if units and units[0].index:  # an appended part (part 0's fingerprints stay as they were)
+        plan["first_unit"] = units[0].index
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
 
 
@@ -252,20 +261,20 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 class _Layout:
-    def __init__(self, output: str):
-        self.root = Path(output)
+    """Where one part's files go. Shards of every part: train/. Part 0 (a plain preprocess): progress in
+    .progress/, held-out documents in heldout/documents.parquet; part k of an append: .progress/part-k/ and
+    heldout/part-k.parquet."""
+
+    def __init__(self, output: str, part: int = 0):
+        self.root, self.part = Path(output), part
         self.train = self.root / TRAIN_DIR
-        self.progress = self.root / PROGRESS_DIR
+        self.lock = self.root / PROGRESS_DIR / LOCK_FILE
+        self.progress = self.root / PROGRESS_DIR / (f"part-{part}" if part else "")
         self.plan = self.progress / PLAN_FILE
         self.manifest = self.root / MANIFEST_FILE
-        self.heldout = self.root / HELDOUT_FILE
+        self.heldout_name = f"{posixpath.dirname(HELDOUT_FILE)}/part-{part}.parquet" if part else HELDOUT_FILE
+        self.heldout = self.root / self.heldout_name
 
     def shard(self, unit: Unit) -> Path:
         return self.train / unit.shard_name
@@ -280,10 +289,12 @@ class _Layout:
         return self.progress / f"{path.name}.partial"
 
 
-def write_unit(unit: Unit, tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str) -> dict[str, Any]:
+def write_unit(
+    unit: Unit, tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str, layout: _Layout | None = None
+) -> dict[str, Any]:
     """Transform one unit and commit it: shard + held-out part renamed into place, then the done marker."""
     started, cpu_started = time.perf_counter(), time.process_time()
-    layout = _Layout(config.output)
+    layout = layout or _Layout(config.output)
     shard, heldout = layout.shard(unit), layout.heldout_part(unit)
     partial_shard, partial_heldout = layout.partial(shard), layout.partial(heldout)
     layout.marker(unit).unlink(missing_ok=True)
@@ -327,21 +338,28 @@ def completed_summary(layout: _Layout, unit: Unit, fingerprint: str) -> dict[str
 
 
 def _prepare_output(layout: _Layout, config: PreprocessConfig, fingerprint: str, units: list[Unit]) -> None:
+    if not layout.plan.is_file() and (layout.train.exists() or layout.manifest.exists()):
+        raise ValueError(
+            f"{layout.root}: has {TRAIN_DIR}/ or {MANIFEST_FILE} but no {PROGRESS_DIR}/{PLAN_FILE}: not a resumable "
+            "preprocess output; use a new --output directory"
+        )
+    refused = (
+        f"{layout.root}: holds a preprocess run with other inputs, input sizes, tokenizer or options "
+        f"({layout.plan}); use a new --output directory or delete this one"
+    )
+    claim_plan(layout, config, fingerprint, units, refused)
+
+
+def claim_plan(layout: _Layout, config: PreprocessConfig, fingerprint: str, units: list[Unit], refused: str) -> None:
+    """The part's progress folder made and claimed for this plan (its plan.json), or ValueError(refused) when it
+    holds another plan; partial files an interrupted run left there are removed."""
     if layout.plan.is_file():
         try:
             old = json.loads(layout.plan.read_text()).get("fingerprint")
         except (OSError, ValueError, AttributeError):
             old = None
         if old != fingerprint:
-            raise ValueError(
-                f"{layout.root}: holds a preprocess run with other inputs, input sizes, tokenizer or options "
-                f"({layout.plan}); use a new --output directory or delete this one"
-            )
-    elif layout.train.exists() or layout.manifest.exists():
-        raise ValueError(
-            f"{layout.root}: has {TRAIN_DIR}/ or {MANIFEST_FILE} but no {PROGRESS_DIR}/{PLAN_FILE}: not a resumable "
-            "preprocess output; use a new --output directory"
-        )
+            raise ValueError(refused)
     for d in (layout.train, layout.progress, layout.heldout.parent):
         d.mkdir(parents=True, exist_ok=True)
     if not layout.plan.is_file():
@@ -371,7 +389,9 @@ def _worker_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
     return cached
 
 
-def _write_shards(batch: dict[str, np.ndarray], tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str):
+def _write_shards(
+    batch: dict[str, np.ndarray], tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str, layout: _Layout
+):
     """map_batches task: commit each unit of the batch; a CorpusError comes back as data, so the driver can raise
     it naming the file and line/record (not wrapped in Ray's task error)."""
     tokenizer = _worker_tokenizer(tokenizer)
@@ -379,7 +399,7 @@ def _write_shards(batch: dict[str, np.ndarray], tokenizer: Tokenizer, config: Pr
     for text in batch["unit"]:
         unit = Unit.from_json(str(text))
         try:
-            summary = write_unit(unit, tokenizer, config, fingerprint)
+            summary = write_unit(unit, tokenizer, config, fingerprint, layout)
         except CorpusError as err:
             summary = {"unit": unit.index, "error": asdict(err.skip)}
         out.append(json.dumps(summary))
@@ -426,11 +446,17 @@ def _units_dataset(units: list[Unit], fn, fn_kwargs: dict, config: PreprocessCon
 
 @dataclass(frozen=True)
 class PreprocessJob:
-    """A checked and planned run, made before Ray starts (plan_preprocess)."""
+    """A checked and planned run, made before Ray starts (plan_preprocess; services.preprocess_append for a part
+    appended to a shard set)."""
 
     tokenizer: Tokenizer
     units: Sequence[Unit]
     fingerprint: str
+    part: int = 0  # the part of the shard set it writes (0: a plain preprocess)
+    name: str = "part-0"
+
+    def layout(self, output: str) -> _Layout:
+        return _Layout(output, self.part)
 
 
 def plan_preprocess(config: PreprocessConfig) -> PreprocessJob:
@@ -465,15 +491,27 @@ def _progress(config: PreprocessConfig, total: int, initial: int):
 
 def run_preprocess(config: PreprocessConfig, job: PreprocessJob | None = None) -> dict[str, Any]:
     """Preprocess (or resume) into config.output; returns the manifest it writes there. `job`: plan_preprocess's
-    (made here when None). NoExamplesError (nothing written to manifest.json) when no example was made."""
+    (made here when None), or an append's: its part is added to the manifest (services.preprocess_manifest), part 0
+    replaced with the parts appended to it kept. NoExamplesError (manifest.json untouched) when the part has no
+    example."""
     started = time.perf_counter()
     job = job or plan_preprocess(config)
-    tokenizer, units, fingerprint = job.tokenizer, list(job.units), job.fingerprint
-    layout = _Layout(config.output)
+    layout = job.layout(config.output)
+    summaries, timings = _run_units(config, job, layout)
+    heldout_sha = _merge_heldout(layout, list(job.units))
+    entry, files = part_entry(job.name, config.inputs, job.units, summaries, (layout.heldout_name, heldout_sha))
+    check_examples({**entry, "files": files}, config.output)
+    head = manifest_head(asdict(config), job.tokenizer)
+    timings = {"total_s": round(time.perf_counter() - started, 3), **timings}
+    return commit_part(layout, entry, files, head, job.tokenizer, timings)
 
+
+def _run_units(config: PreprocessConfig, job: PreprocessJob, layout: _Layout) -> tuple[list[dict], dict[str, Any]]:
+    """Every unit's done marker (completed ones kept, the others written on Ray Data), in unit order; timings."""
+    units = list(job.units)
     summaries: dict[int, dict] = {}
     for unit in units:
-        done = completed_summary(layout, unit, fingerprint)
+        done = completed_summary(layout, unit, job.fingerprint)
         if done is not None:
             summaries[unit.index] = done
     resumed = len(summaries)
@@ -483,7 +521,7 @@ def run_preprocess(config: PreprocessConfig, job: PreprocessJob | None = None) -
     if pending:
         n_files = {u.index: len(u.files) for u in units}
         with _progress(config, sum(n_files.values()), sum(n_files[i] for i in summaries)) as bar:
-            kwargs = {"tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
+            kwargs = {"tokenizer": job.tokenizer, "config": config, "fingerprint": job.fingerprint, "layout": layout}
             ds = _units_dataset(pending, _write_shards, kwargs, config)
             for row in ds.iter_rows():
                 summary = json.loads(row["summary"])
@@ -492,17 +530,8 @@ def run_preprocess(config: PreprocessConfig, job: PreprocessJob | None = None) -
                 summaries[summary["unit"]] = summary
                 bar.update(n_files[summary["unit"]])
     pipeline_seconds = time.perf_counter() - pipeline_started
-
-    heldout_sha = _merge_heldout(layout, units)
-    ordered = [summaries[u.index] for u in units]
-    manifest = _manifest(config, tokenizer, units, ordered, heldout_sha)
-    check_examples(manifest, config.output)
-    shards = [layout.shard(u) for u in units]
-    unigram = count_pieces(shards, tokenizer.vocab_size, tokenizer.special_ids).save(layout.root)
-    manifest["unigram"] = {"file": unigram.name, "sha256": _sha256_file(unigram)}  # albert_core.unigram
     new_tokens = sum(f["tokens"] for u in pending for f in summaries[u.index]["files"].values())
-    manifest["timings"] = {
-        "total_s": round(time.perf_counter() - started, 3),
+    timings = {
         "pipeline_s": round(pipeline_seconds, 3),
         "shards_resumed": resumed,
         "shards_written": len(pending),
@@ -510,8 +539,7 @@ def run_preprocess(config: PreprocessConfig, job: PreprocessJob | None = None) -
         "worker_s": round(sum(summaries[u.index]["seconds"] for u in pending), 3),  # wall time inside the tasks
         "worker_cpu_s": round(sum(summaries[u.index]["cpu_seconds"] for u in pending), 3),
     }
-    _write_json_atomic(layout.manifest, manifest)
-    return manifest
+    return [summaries[u.index] for u in units], timings
 
 
 def _merge_heldout(layout: _Layout, units: list[Unit]) -> str:
@@ -521,56 +549,3 @@ def _merge_heldout(layout: _Layout, units: list[Unit]) -> str:
     pq.write_table(table, partial, compression="zstd")
     os.replace(partial, layout.heldout)
     return _sha256_file(layout.heldout)
-
-
-def _manifest(config, tokenizer: Tokenizer, units: list[Unit], summaries: list[dict], heldout_sha: str) -> dict:
-    files: dict[str, dict] = {}
-    skipped: Counter[str] = Counter()
-    pair_counts: Counter[str] = Counter()
-    for summary in summaries:
-        files.update(summary["files"])
-        pair_counts.update(summary["pair_counts"])
-        for stats in summary["files"].values():
-            skipped.update(stats["skipped"])
-
-    def total(name: str) -> int:
-        return sum(stats[name] for stats in files.values())
-
-    documents = {
-        "read": total("documents"),
-        "used": total("used"),
-        "heldout": total("heldout"),
-        "skipped": sum(skipped.values()),
-        "skipped_by_reason": dict(sorted(skipped.items())),
-    }
-    if documents["read"] != documents["used"] + documents["heldout"] + documents["skipped"]:
-        raise AssertionError(f"document accounting does not add up: {documents}")
-    return {
-        "version": MANIFEST_VERSION,
-        "config": asdict(config),
-        "tokenizer": {
-            "path": config.tokenizer,
-            "sha256": tokenizer.sha256,
-            "vocab_size": tokenizer.vocab_size,
-            "lower_case": tokenizer.lower_case,
-            "keep_accents": tokenizer.keep_accents,
-        },
-        "schema": EXAMPLE_SCHEMA.names,
-        "documents": documents,
-        "sentences": total("sentences"),
-        "tokens": total("tokens"),
-        "examples": sum(s["rows"] for s in summaries),
-        "example_tokens": sum(s["example_tokens"] for s in summaries),
-        "pair_counts": dict(sorted(pair_counts.items())),
-        "shards": [
-            {
-                "name": f"{TRAIN_DIR}/{s['shard']}",
-                "rows": s["rows"],
-                "sha256": s["sha256"],
-                "files": [f.path for f in u.files],
-            }
-            for u, s in zip(units, summaries, strict=True)
-        ],
-        "heldout": {"file": HELDOUT_FILE, "documents": documents["heldout"], "sha256": heldout_sha},
-        "files": files,
-    }
