@@ -103,6 +103,56 @@ class ShardsManifest:
         digest = self._tokenizer_entry.get("sha256")
         return digest if isinstance(digest, str) and digest else None
 
+    @property
+    def parts(self) -> tuple[ShardPart, ...]:
+        """The shard set's parts in the order they were added (`albert preprocess` writes part 0, each
+        `--append-to` one more). A manifest without "parts" (written before parts existed) is one part of all its
+        "shards"; one without either has none."""
+        parts = self.data.get("parts")
+        if parts is None:
+            shards = self.data.get("shards")
+            if not isinstance(shards, list) or not shards:
+                return ()
+            parts = [{"name": "part-0", "shards": shards}]
+        if not isinstance(parts, list):
+            raise ManifestError(f"{self.directory / MANIFEST_FILE}: parts: expected a list")
+        return tuple(ShardPart.from_json(entry, index=i, source=self.directory / MANIFEST_FILE)
+                     for i, entry in enumerate(parts))  # fmt: skip
+
+    @property
+    def version(self) -> int:
+        """The shard set's version: how many parts it holds (a run records the version each epoch trained on)."""
+        return len(self.parts)
+
+
+@dataclass(frozen=True)
+class ShardPart:
+    """One part of a shard set: the shards one `albert preprocess` (or `--append-to`) run added, in order."""
+
+    index: int
+    name: str
+    shards: tuple[str, ...]  # relative to the shard set directory, e.g. train/shard-00003.parquet
+    rows: tuple[int, ...]
+    sha256: tuple[str, ...]  # of each shard file ("" where the manifest records none)
+
+    @classmethod
+    def from_json(cls, entry: Any, *, index: int, source: Path) -> ShardPart:
+        where = f"{source}: parts[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("shards"), list) or not entry["shards"]:
+            raise ManifestError(f"{where}: expected an object with a non-empty list of shards")
+        names, rows, digests = [], [], []
+        for shard in entry["shards"]:
+            if not isinstance(shard, dict) or not isinstance(shard.get("name"), str):
+                raise ManifestError(f"{where}: each shard needs a name, got {shard!r}")
+            n = shard.get("rows")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ManifestError(f"{where}: shard {shard['name']}: rows must be an int >= 0, got {n!r}")
+            names.append(shard["name"])
+            rows.append(n)
+            digests.append(str(shard.get("sha256") or ""))
+        name = entry.get("name", f"part-{index}")
+        return cls(index, str(name), tuple(names), tuple(rows), tuple(digests))
+
 
 def example_id(shard: int, row: int) -> int:
     return (shard << 32) | row

@@ -48,6 +48,13 @@ class DataSection:
     # With model.init_from: read on from where that checkpoint's run stopped (its epoch and data position; same
     # shards, workers and micro-batch size), so a stacked stage trains on new examples, not the first ones again.
     continue_from_init: bool = False
+    # Follow the shard set as it grows (`albert preprocess --append-to`): each epoch trains on the newest version
+    # there is when it starts. false: the run keeps the version it started with. Either way every checkpoint
+    # records the version of each epoch, so a resume replays the same data.
+    follow: bool = False
+    # Relative sampling ratio of each part of the shard set, by part name ("*": every part not named; a part with
+    # no weight is not trained on). Empty: every example once per epoch. Seeded by (run.seed, epoch, part).
+    mixture: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -190,6 +197,9 @@ class RunConfig:
             raise ConfigError(
                 "data.continue_from_init: needs model.init_from (the checkpoint whose data position to take)"
             )
+        for part, weight in d.mixture.items():
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf:
+                raise ConfigError(f"data.mixture: {part!r}: expected a weight >= 0, got {weight!r}")
         if not 0 < d.mask_prob < 1:
             raise ConfigError(f"data.mask_prob: expected in (0, 1), got {d.mask_prob}")
         if d.max_seq_length > self.model_config(30000).max_position_embeddings:

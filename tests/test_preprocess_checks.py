@@ -241,7 +241,7 @@ def test_a_small_corpus_with_the_defaults_makes_shards_a_two_worker_tiny_plan_ta
     )
     config = RunConfig.load("tiny", overrides={**overrides, "data.max_seq_length": 512})  # the --set it names
     config.validate()
-    rows = plan_data(out, config)
+    rows = plan_data(out, config).rows
     assert len(rows) >= 1 and sum(rows.values()) >= config.train.global_batch_size
     assert sum(rows.values()) == json.loads((out / MANIFEST_FILE).read_text())["examples"]
 
@@ -277,5 +277,5 @@ def test_too_few_examples_for_a_batch_is_refused_with_the_options_that_fit(tmp_p
     assert set(sets) <= {"train.global_batch_size", "train.micro_batch_size"} and sets
     fitted = RunConfig.load("tiny", overrides={**overrides, **{k: int(v) for k, v in sets.items()}})
     fitted.validate()
-    assert sum(plan_data(shards, fitted).values()) == rows
+    assert sum(plan_data(shards, fitted).rows.values()) == rows
     assert rows // 2 < fitted.train.global_batch_size <= rows  # tiny: 20 = 2 workers x micro-batches of 10

@@ -255,7 +255,7 @@ def test_no_vocab_source_is_an_error_naming_data_shards(tmp_path):
 
 def test_the_plan_lists_every_shard_file_with_its_rows_and_one_file_serves_two_workers(tmp_path):
     shards = write_shards(tmp_path / "s", (40,))
-    rows = plan_data(shards, run_config(tmp_path, shards, "p"))
+    rows = plan_data(shards, run_config(tmp_path, shards, "p")).rows
     assert [(path.rsplit("/", 1)[1], n) for path, n in rows.items()] == [("shard-00000.parquet", 40)]
 
 

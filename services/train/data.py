@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_core.data_order import ExampleOrder, worker_positions
+from albert_core.data_order import DataStream, ExampleOrder, worker_positions
 from albert_core.shards import EXAMPLE_SCHEMA
 
 COLUMNS = [f.name for f in EXAMPLE_SCHEMA]
@@ -85,16 +85,22 @@ def host_steps(
     rank: int,
     world: int,
     mask: Callable[[Rows, np.ndarray], dict],
+    stream: DataStream | ExampleOrder | None = None,
 ) -> Iterator[tuple[list[Rows], list[dict]]]:
-    """(rows, masked micro-batches) of this worker for `steps` steps from data position `position`.
+    """(rows, masked micro-batches) of this worker for `steps` steps from data position `position`, in the order of
+    `stream` (default: the reader's). It ends early before a step that reaches past the stream's decided epochs.
 
     `mask(rows, epochs)` masks one micro-batch (each row under its own epoch's seed).
     """
+    stream = stream or reader.order
     for step in range(steps):
-        mine = worker_positions(position + step * global_batch, global_batch, rank, world)
+        first = position + step * global_batch
+        if first + global_batch > stream.end:
+            return
+        mine = worker_positions(first, global_batch, rank, world)
         rows_list, micro = [], []
         for start in range(mine.start, mine.stop, micro_batch):
-            rows, epochs = reader.order.rows_at(np.arange(start, start + micro_batch))
+            rows, epochs = stream.rows_at(np.arange(start, start + micro_batch))
             part = reader.read(rows)
             rows_list.append(part)
             micro.append(mask(part, epochs))

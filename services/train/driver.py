@@ -79,7 +79,7 @@ def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coord
             raise ConfigError("data.shards: empty; point it at a preprocess output directory")
         shards_dir = Path(config.data.shards)
     shards_dir = Path(shards_dir).resolve()
-    rows = plan_data(shards_dir, config)
+    shards = plan_data(shards_dir, config)
     ids = resolve_token_ids(shards_dir, config)
     if config.model.mlm_bias_init == "unigram":
         unigram_for(shards_dir, config)  # counted once per shard set, then read by every worker
@@ -103,8 +103,7 @@ def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coord
         run=config,
         run_dir=str(run_dir),
         token_ids=ids,
-        shard_files=tuple(rows),
-        rows_per_file=tuple(rows.values()),
+        shards=shards,
         coordinator=coordinator_name,
         pjrt_device=pjrt_device,
         init_from=str(init_from) if init_from else None,

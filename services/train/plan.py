@@ -7,13 +7,14 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from albert_core.config import ConfigError
+from albert_core.data_order import ExampleOrder
 from albert_core.files import CorruptCheckpoint
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR, ManifestError, ShardsManifest
 from albert_core.tokenization import SPECIAL_PIECES, TokenIds, Tokenizer
@@ -52,37 +53,124 @@ def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
     )
 
 
-def shard_files(shards_dir: Path) -> dict[str, int]:
-    """Every train shard file (sorted, absolute) with its row count; errors name data.shards and the file."""
-    train_dir = shards_dir / TRAIN_DIR
+@dataclass(frozen=True)
+class ShardSet:
+    """The train shard files of a shard set's newest version, part by part (albert_core.shards.ShardPart), with
+    their row counts. A set whose manifest lists no shards is one part of every `train/**/*.parquet` (sorted)."""
+
+    directory: str
+    files: tuple[str, ...]  # absolute: the file numbering of the example order (a part's files follow the last's)
+    rows_per_file: tuple[int, ...]
+    part_files: tuple[int, ...]  # files in each part
+    part_names: tuple[str, ...]
+
+    @property
+    def version(self) -> int:
+        return len(self.part_files)
+
+    @property
+    def rows(self) -> dict[str, int]:
+        return dict(zip(self.files, self.rows_per_file, strict=True))
+
+    def order(self, version: int, seed: int, mixture: Mapping[str, float] | None = None) -> ExampleOrder:
+        """The example order of version `version` (its first parts), weighted by `mixture` (data.mixture)."""
+        if not 1 <= version <= self.version:
+            raise ValueError(f"{self.directory}: has versions 1 to {self.version}, not {version}")
+        parts = self.part_files[:version]
+        weights = mixture_weights(self.part_names[:version], mixture) if mixture else None
+        return ExampleOrder(self.rows_per_file[: sum(parts)], seed, part_files=parts, weights=weights)
+
+
+def mixture_weights(part_names: Sequence[str], mixture: Mapping[str, float]) -> tuple[float, ...]:
+    """data.mixture's weight of each part: by name, else the "*" entry, else 0 (not trained on)."""
+    return tuple(float(mixture.get(name, mixture.get("*", 0.0))) for name in part_names)
+
+
+def read_shard_set(shards_dir: Path) -> ShardSet:
+    """The shard set's newest version as its manifest lists it, each file checked to be a readable shard with the
+    rows the manifest records; errors name data.shards and the file."""
     if not shards_dir.is_dir():
         raise ConfigError(f"data.shards: {shards_dir} does not exist (expected a preprocess output directory)")
+    try:
+        parts = ShardsManifest.read(shards_dir).parts
+    except ManifestError as err:
+        raise ConfigError(f"data.shards: {err}") from None
+    if not parts:
+        files = _listed_files(shards_dir)
+        return ShardSet(str(shards_dir), files, tuple(_shard_rows(f) for f in files), (len(files),), ("part-0",))
+    files, rows = [], []
+    for part in parts:
+        for name, listed in zip(part.shards, part.rows, strict=True):
+            path = str((shards_dir / name).resolve())
+            found = _shard_rows(path)
+            if found != listed:
+                raise ConfigError(
+                    f"data.shards: {path}: has {found} rows, its manifest.json says {listed}; the shard set changed "
+                    "after preprocessing"
+                )
+            files.append(path)
+            rows.append(found)
+    part_files = tuple(len(part.shards) for part in parts)
+    return ShardSet(str(shards_dir), tuple(files), tuple(rows), part_files, tuple(p.name for p in parts))
+
+
+def _listed_files(shards_dir: Path) -> tuple[str, ...]:
+    train_dir = shards_dir / TRAIN_DIR
     if not train_dir.is_dir():
         raise ConfigError(f"data.shards: {shards_dir} has no {TRAIN_DIR}/ directory of Parquet shards")
     files = sorted(str(p.resolve()) for p in train_dir.rglob("*.parquet"))
     if not files:
         raise ConfigError(f"data.shards: {train_dir} holds no .parquet files")
-    rows = {}
-    for path in files:
-        try:
-            meta = pq.ParquetFile(path)
-        except Exception as err:  # pyarrow raises several types for a damaged footer
-            raise ConfigError(f"data.shards: {path}: not a readable Parquet file ({err})") from None
-        missing = [c for c in COLUMNS if c not in meta.schema_arrow.names]
-        if missing:
-            raise ConfigError(f"data.shards: {path}: lacks column {missing[0]!r} (expected {', '.join(COLUMNS)})")
-        rows[path] = meta.metadata.num_rows
-    return rows
+    return tuple(files)
 
 
-def plan_data(shards_dir: Path, config: RunConfig) -> dict[str, int]:
-    """The shard files and their row counts, checked to hold at least one global batch."""
-    rows = shard_files(shards_dir)
-    total = sum(rows.values())
+def _shard_rows(path: str) -> int:
+    try:
+        meta = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise ConfigError(f"data.shards: {path}: listed in manifest.json but missing") from None
+    except Exception as err:  # pyarrow raises several types for a damaged footer
+        raise ConfigError(f"data.shards: {path}: not a readable Parquet file ({err})") from None
+    missing = [c for c in COLUMNS if c not in meta.schema_arrow.names]
+    if missing:
+        raise ConfigError(f"data.shards: {path}: lacks column {missing[0]!r} (expected {', '.join(COLUMNS)})")
+    return meta.metadata.num_rows
+
+
+def plan_data(shards_dir: Path, config: RunConfig) -> ShardSet:
+    """The shard set's files and row counts, checked to hold at least one global batch (of the parts data.mixture
+    trains on)."""
+    shards = read_shard_set(shards_dir)
+    _check_mixture(shards, config)
+    weights = mixture_weights(shards.part_names, config.data.mixture) if config.data.mixture else None
+    total = sum(rows for rows, part in zip(shards.rows_per_file, _part_of_file(shards), strict=True)
+                if weights is None or weights[part] > 0)  # fmt: skip
     if total < config.train.global_batch_size:
-        raise ConfigError(_too_few_examples(shards_dir, len(rows), total, config.train))
+        raise ConfigError(_too_few_examples(shards_dir, len(shards.files), total, config.train))
     _check_sequence_length(shards_dir, config)
-    return rows
+    return shards
+
+
+def _part_of_file(shards: ShardSet) -> list[int]:
+    return [part for part, n in enumerate(shards.part_files) for _ in range(n)]
+
+
+def _check_mixture(shards: ShardSet, config: RunConfig) -> None:
+    """data.mixture names parts of the set (or, for a run that follows it, parts still to come) and weighs some."""
+    mixture = config.data.mixture
+    if not mixture:
+        return
+    unknown = sorted(set(mixture) - set(shards.part_names) - {"*"})
+    if unknown and not config.data.follow:
+        raise ConfigError(
+            f"data.mixture: {unknown[0]!r} is not a part of {shards.directory} (its parts: "
+            f"{', '.join(shards.part_names)})"
+        )
+    if not any(mixture_weights(shards.part_names, mixture)):
+        raise ConfigError(
+            f"data.mixture: gives no part of {shards.directory} a weight above 0 (its parts: "
+            f'{", ".join(shards.part_names)}; "*" weighs every part not named)'
+        )
 
 
 def _check_sequence_length(shards_dir: Path, config: RunConfig) -> None:
@@ -185,8 +273,7 @@ class WorkerPlan:
     run: RunConfig
     run_dir: str
     token_ids: TokenIds
-    shard_files: tuple[str, ...]  # sorted, absolute: the file numbering of the example order
-    rows_per_file: tuple[int, ...]
+    shards: ShardSet  # the shard set's newest version when the run was planned
     coordinator: str | None = None  # the run's coordinator actor; None: rank 0 keeps the ledger itself
     pjrt_device: str | None = None  # backend "xla": the PJRT runtime (pjrt_device_for)
     init_from: str | None = None  # model.init_from, resolved
@@ -194,10 +281,6 @@ class WorkerPlan:
     unigram_dir: str | None = None  # model.mlm_bias_init = "unigram": the shard set holding unigram.npy
     stop_after_step: int | None = None  # ALBERT_STOP_AFTER_STEP: simulate a crash right after this step
     trace_examples: str | None = None  # ALBERT_TRACE_EXAMPLES: a directory for per-step example-id traces
-
-    @property
-    def num_examples(self) -> int:
-        return sum(self.rows_per_file)
 
     @property
     def checkpoints(self) -> Path:

@@ -33,12 +33,13 @@ from typing import Any
 
 import torch
 
-from albert_core.data_order import ExampleOrder
+from albert_core.data_order import DataStream
 from albert_core.unigram import UnigramBaseline
 from services.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
 from services.train.data import Prefetch, ShardRows, host_steps
-from services.train.plan import WorkerPlan, config_hash
+from services.train.follow import data_stream, newest_version
+from services.train.plan import ShardSet, WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
 from services.train.state import TrainerState, checkpoint_dir
 from services.train.step import StepStats, initial_model, make_micro_batch, optimizer_for, step_seed
@@ -65,6 +66,8 @@ class Worker:
     backend: StepBackend
     record: RunRecord | None  # rank 0 only
     started_at: int = 0  # the step this process started from
+    shards: ShardSet | None = None  # the newest version of the shard set this worker knows (the plan's at first)
+    stream: DataStream | None = None  # the example order of the epochs decided so far (input_steps makes it)
     recent_losses: list[float] = field(default_factory=list)  # the last logged losses (divergence check)
     window: list[Any] = field(default_factory=list)  # tokens of the steps since the last log line
     window_start: float = field(default_factory=time.perf_counter)
@@ -86,19 +89,25 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
 
 def train_steps(worker: Worker, model, optimizer, scheduler, state: TrainerState, clock: Clock) -> Finding | None:
-    """Train from the state's data position to the end of the run (or its budget); a divergence stops early."""
-    with input_steps(worker, state) as steps:
-        for rows, micro in steps:
-            step = state.step + 1
-            before_step(worker, model, state, step, rows)
-            seed = step_seed(worker.plan.run.run.seed, worker.rank, step)
-            grad_clip = worker.plan.run.optim.grad_clip
-            stats = worker.backend.train_step(model, optimizer, scheduler, micro, grad_clip=grad_clip, seed=seed)
-            advance(worker, state, stats)
-            stop = after_step(worker, model, optimizer, scheduler, state, stats, clock)
-            if stop is not None:
-                return stop if isinstance(stop, Finding) else None
-    return None
+    """Train from the state's data position to the end of the run (or its budget); a divergence stops early. A run
+    that follows its shard set decides each epoch's version when its input reaches it, then reads on."""
+    while True:
+        with input_steps(worker, state) as steps:
+            for rows, micro in steps:
+                step = state.step + 1
+                before_step(worker, model, state, step, rows)
+                seed = step_seed(worker.plan.run.run.seed, worker.rank, step)
+                grad_clip = worker.plan.run.optim.grad_clip
+                stats = worker.backend.train_step(model, optimizer, scheduler, micro, grad_clip=grad_clip, seed=seed)
+                advance(worker, state, stats)
+                stop = after_step(worker, model, optimizer, scheduler, state, stats, clock)
+                if stop is not None:
+                    return stop if isinstance(stop, Finding) else None
+        if not worker.plan.run.data.follow or state.step >= worker.plan.run.optim.total_steps:
+            return None
+        if Clock.spent(worker.plan.run.train, state):
+            return None
+        follow_shard_set(worker, state)
 
 
 # --- set-up --------------------------------------------------------------------------------------------------
@@ -117,7 +126,7 @@ def start_worker(plan: WorkerPlan) -> Worker:
     distributed = dist.is_available() and dist.is_initialized() and world > 1
     backend = backend_for(plan, world=world, reduce_sum=all_reduce_sum if distributed else None)
     record = open_record(plan) if rank == 0 else None
-    return Worker(plan, rank, world, distributed, backend, record)
+    return Worker(plan, rank, world, distributed, backend, record, shards=plan.shards)
 
 
 def build(worker: Worker):
@@ -164,7 +173,7 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
         load_stacked(model, plan.init_from)
         if plan.init_data_position is not None:
             state.examples_seen = plan.init_data_position
-            state.epoch = state.examples_seen // plan.num_examples
+    start_versions(worker, state)
     worker.started_at = state.step
     if worker.rank == 0:
         plan.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -181,15 +190,47 @@ def _from_rank0(values: list[Any], worker: Worker) -> list[Any]:
     return values
 
 
+def start_versions(worker: Worker, state: TrainerState) -> None:
+    """The shard set's version of each epoch so far: the checkpoint's (one written before parts existed: version
+    1), or, for a new run, the newest version for every epoch up to its data position."""
+    shards = worker.shards
+    if not state.epoch_versions:
+        resumed_old = state.step > 0 and worker.plan.init_data_position is None
+        version = 1 if resumed_old else shards.version
+        epoch = data_stream(shards, worker.plan.run, [version], open_ended=True).epoch_of(state.examples_seen)
+        state.epoch_versions = [version] * (epoch + 1)
+    if max(state.epoch_versions) > shards.version:
+        raise RuntimeError(
+            f"data.shards: {shards.directory} has {shards.version} parts, but the checkpoint trained on version "
+            f"{max(state.epoch_versions)}; its appended parts are gone"
+        )
+    worker.stream = data_stream(shards, worker.plan.run, state.epoch_versions)
+    state.epoch = worker.stream.epoch_of(state.examples_seen)
+
+
+def follow_shard_set(worker: Worker, state: TrainerState) -> None:
+    """At an epoch boundary of a run with data.follow: rank 0 reads the shard set's newest version (new parts
+    verified), every worker takes it, and the next epoch trains on it (recorded in the state, so in checkpoints)."""
+    newest = _from_rank0([newest_version(worker.shards) if worker.rank == 0 else None], worker)[0]
+    epoch = len(state.epoch_versions)
+    if newest.version > worker.shards.version and worker.record is not None:
+        new_parts = list(newest.part_names[worker.shards.version :])
+        worker.record.event(state.step, "shards_version", epoch=epoch, version=newest.version, new_parts=new_parts)
+        log.info("epoch %d trains on version %d of the shard set (new parts: %s)", epoch, newest.version, new_parts)
+    worker.shards = newest
+    state.epoch_versions.append(newest.version)
+
+
 @contextlib.contextmanager
 def input_steps(worker: Worker, state: TrainerState) -> Iterator[Iterator]:
-    """This worker's (rows, micro-batches) for every step left, read and masked ahead by a background thread."""
+    """This worker's (rows, micro-batches) for every step left in the decided epochs, read and masked ahead by a
+    background thread."""
     plan, run = worker.plan, worker.plan.run
     t = run.train
-    order = ExampleOrder(plan.rows_per_file, run.run.seed)
+    worker.stream = data_stream(worker.shards, run, state.epoch_versions)
     mask = functools.partial(_mask, seed=run.run.seed, plan=plan)
     source = host_steps(
-        ShardRows(plan.shard_files, order),
+        ShardRows(worker.shards.files, worker.stream.order_of(worker.shards.version)),
         position=state.examples_seen,
         steps=max(0, run.optim.total_steps - state.step),
         global_batch=t.global_batch_size,
@@ -197,6 +238,7 @@ def input_steps(worker: Worker, state: TrainerState) -> Iterator[Iterator]:
         rank=worker.rank,
         world=worker.world,
         mask=mask,
+        stream=worker.stream,
     )
     prefetch = Prefetch(source, depth=2)
     try:
@@ -226,7 +268,7 @@ def before_step(worker: Worker, model, state: TrainerState, step: int, rows) -> 
 def advance(worker: Worker, state: TrainerState, stats: StepStats) -> None:
     state.step += 1
     state.examples_seen += worker.plan.run.train.global_batch_size
-    state.epoch = state.examples_seen // worker.plan.num_examples
+    state.epoch = worker.stream.epoch_of(state.examples_seen)
     worker.window.append(stats.tokens)
 
 
@@ -338,7 +380,7 @@ def _metrics(worker: Worker, stats: StepStats, state: TrainerState) -> dict[str,
         "grad_norm": stats.grad_norm,
     }
     first_example = state.examples_seen - worker.plan.run.train.global_batch_size
-    metrics: dict[str, Any] = {"step": state.step, "epoch": first_example // worker.plan.num_examples}
+    metrics: dict[str, Any] = {"step": state.step, "epoch": worker.stream.epoch_of(first_example)}
     metrics.update({k: float(v) for k, v in values.items()})
     now = time.perf_counter()
     tokens = sum(int(n) for n in worker.window)  # XLA: device scalars, read only here
