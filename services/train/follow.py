@@ -36,15 +36,16 @@ def data_stream(shards: ShardSet, run: RunConfig, versions: list[int], *, open_e
     return DataStream(order_of, versions, open_ended=open_ended)
 
 
-def newest_version(current: ShardSet) -> ShardSet:
-    """The shard set as its manifest lists it now, its new parts' files verified; `current` when it cannot be
-    followed (unreadable, an older part changed, a new file whose sha256 differs), with the reason logged."""
+def newest_version(current: ShardSet, trained: int) -> ShardSet:
+    """The shard set as its manifest lists it now, the files of the parts past version `trained` (the last one
+    trained on) verified; `current` when it cannot be followed (unreadable, an older part changed, a new file
+    whose sha256 differs), with the reason logged."""
     directory = Path(current.directory)
     try:
         newest = read_shard_set(directory)
         if newest.files[: len(current.files)] != current.files or newest.version < current.version:
             raise ConfigError(f"data.shards: {directory}: its parts changed (parts may only be appended)")
-        _verify_parts(directory, first=current.version)
+        _verify_parts(directory, first=trained)
     except (ConfigError, ManifestError, OSError) as err:
         log.warning("not following the shard set, keeping version %d: %s", current.version, err)
         return current

@@ -211,10 +211,10 @@ def start_versions(worker: Worker, state: TrainerState) -> None:
 def follow_shard_set(worker: Worker, state: TrainerState) -> None:
     """At an epoch boundary of a run with data.follow: rank 0 reads the shard set's newest version (new parts
     verified), every worker takes it, and the next epoch trains on it (recorded in the state, so in checkpoints)."""
-    newest = _from_rank0([newest_version(worker.shards) if worker.rank == 0 else None], worker)[0]
-    epoch = len(state.epoch_versions)
-    if newest.version > worker.shards.version and worker.record is not None:
-        new_parts = list(newest.part_names[worker.shards.version :])
+    epoch, before = len(state.epoch_versions), state.epoch_versions[-1]
+    newest = _from_rank0([newest_version(worker.shards, before) if worker.rank == 0 else None], worker)[0]
+    if newest.version > before and worker.record is not None:
+        new_parts = list(newest.part_names[before:])
         worker.record.event(state.step, "shards_version", epoch=epoch, version=newest.version, new_parts=new_parts)
         log.info("epoch %d trains on version %d of the shard set (new parts: %s)", epoch, newest.version, new_parts)
     worker.shards = newest
