@@ -420,3 +420,33 @@ def test_resume_false_refuses_a_run_directory_with_checkpoints(uninterrupted):
     config, _ = uninterrupted
     with pytest.raises(ConfigError, match="already holds checkpoints"):
         run_pretraining(config, resume=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# data.mixture, checked before any worker starts
+
+
+@pytest.mark.parametrize(
+    ("mixture", "follow", "message"),
+    [
+        ({"news": 1.0}, False, "data.mixture: 'news' is not a part of"),
+        ({"part-0": 0.0}, False, "data.mixture: gives no part of"),
+        ({"part-0": -1.0}, False, "data.mixture: 'part-0': expected a weight >= 0, got -1.0"),
+    ],
+)
+def test_a_bad_mixture_is_refused_naming_the_field(tmp_path, mixture, follow, message):
+    shards = write_shards(tmp_path / "s", (40,))
+    config = run_config(tmp_path, shards, "m")
+    config.data.mixture, config.data.follow = mixture, follow
+    with pytest.raises(ConfigError, match=message):
+        config.validate()
+        plan_data(shards, config)
+
+
+def test_a_following_run_may_weigh_a_part_still_to_come(tmp_path):
+    shards = write_shards(tmp_path / "s", (40,))
+    config = run_config(tmp_path, shards, "m")
+    config.data.mixture, config.data.follow = {"part-0": 1.0, "news": 3.0}, True
+    config.validate()
+    planned = plan_data(shards, config)
+    assert planned.version == 1 and planned.order(1, 7, config.data.mixture).weights == (1.0,)
