@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"  # tests start their own loopback-only Ray
 export PATH="$PWD/.venv/bin:$PATH"
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=25 "$@"
 if [[ "${ALBERT_SKIP_XLA:-0}" != "1" && $# -eq 0 ]]; then
     bash scripts/test_xla.sh
 fi

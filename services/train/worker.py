@@ -195,8 +195,7 @@ def start_versions(worker: Worker, state: TrainerState) -> None:
     1), or, for a new run, the newest version for every epoch up to its data position."""
     shards = worker.shards
     if not state.epoch_versions:
-        resumed_old = state.step > 0 and worker.plan.init_data_position is None
-        version = 1 if resumed_old else shards.version
+        version = 1 if state.step > 0 else shards.version  # from a checkpoint written before parts: one part
         epoch = data_stream(shards, worker.plan.run, [version], open_ended=True).epoch_of(state.examples_seen)
         state.epoch_versions = [version] * (epoch + 1)
     if max(state.epoch_versions) > shards.version:
@@ -353,6 +352,7 @@ def roll_back(worker: Worker, model, optimizer, scheduler, state: TrainerState, 
     scale, rollbacks, diverged_at = state.lr_scale * t.rollback_lr_scale, state.rollbacks + 1, state.step
     state = worker.backend.load(path, model, optimizer, scheduler)
     state.lr_scale, state.rollbacks = scale, rollbacks
+    start_versions(worker, state)
     apply_lr_scale(optimizer, scheduler, scale)
     worker.recent_losses, worker.window, worker.window_start = [], [], time.perf_counter()
     if worker.record is not None:
