@@ -10,8 +10,9 @@
 
 Measured: when the append committed (manifest.json's mtime) against the run's epoch boundaries (the steps at which
 each epoch's version was decided), the first step whose examples include the new part, the `shards_version`
-event, each checkpoint's epoch_versions, and whether every step redone after the resume trained on the same example
-ids as its first attempt. Results: reports/follow-append.json.
+event, each checkpoint's epoch_versions, whether every step redone after the resume trained on the same example ids as
+its first attempt, and the final held-out MLM accuracy against the unigram baseline (5% of the base chapters).
+Results: reports/follow-append.json.
 
     python bench/follow_append.py [--work DIR] [--steps 400]
 """
@@ -69,7 +70,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     shards, trace, log = work / "shards", work / "trace", work / "bench.log"
     common = ["--max-seq-length", "128", "--num-cpus", "1"]
-    albert("preprocess", "--input", str(BASE), "--tokenizer", str(TOKENIZER), "--output", str(shards), *common, log=log)
+    base = ["--input", str(BASE), "--tokenizer", str(TOKENIZER), "--output", str(shards), "--heldout-fraction", "0.05"]
+    albert("preprocess", *base, *common, log=log)  # held out: 5% of the chapters, for the final evaluation
     epoch = ShardsManifest.read(shards).data["examples"]
     sets = {
         "run.name": "follows", "run.output_dir": str(work / "runs"), "data.shards": str(shards),
@@ -95,16 +97,17 @@ def main() -> None:
     albert("preprocess", "--append-to", str(shards), "--input", str(APPENDED), "--part-name", "sotu", *common, log=log)
     committed = (shards / "manifest.json").stat().st_mtime
     run.wait()
-    albert(
-        "pretrain",
-        "--resume",
-        str(work / "runs" / "follows"),
-        "--no-progress",
-        log=log,
-        env=env | {"ALBERT_STOP_AFTER_STEP": ""},
-    )
-    result = measure(work, shards, trace, epoch, appended_at, committed, stop)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    resume = ["--resume", str(work / "runs" / "follows")]
+    albert(*pretrain, *resume, log=log, env=env | {"ALBERT_STOP_AFTER_STEP": ""})
+    times = {"epoch": epoch, "appended_at": appended_at, "committed": committed, "stop": stop}
+    (work / "times.json").write_text(json.dumps(times))
+    report(work, args.out)
+
+
+def report(work: Path, out: Path) -> None:
+    times = json.loads((work / "times.json").read_text())
+    result = measure(work, work / "shards", work / "trace", **times)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 
@@ -119,9 +122,11 @@ def measure(work: Path, shards: Path, trace: Path, epoch: int, appended_at: floa
     started = {step: line["time"] for (rank, step), line in first.items() if rank == 0}
     with_new = [step for (_, step), line in first.items() if {i >> 32 for i in line["example_ids"]} & added]
     boundaries = {e: e * epoch // GLOBAL_BATCH + 1 for e in range(1, 1 + max(started) * GLOBAL_BATCH // epoch)}
-    switch = [r for r in read_metrics(run_dir) if r.get("event") == "shards_version"]
+    records = read_metrics(run_dir)
+    switch = [r for r in records if r.get("event") == "shards_version"]
+    final = next((r for r in reversed(records) if r.get("kind") == "eval" and "mlm_acc" in r), None)
     redone = [lines for lines in attempts.values() if len(lines) > 1]
-    checkpoints = list_checkpoints(run_dir / "checkpoints")
+    checkpoints = list_checkpoints(run_dir / "checkpoints")  # newest first
     return {
         "base_examples_per_epoch": epoch,
         "appended_part": {"name": part.name, "examples": sum(part.rows), "shards": len(part.shards)},
@@ -135,8 +140,9 @@ def measure(work: Path, shards: Path, trace: Path, epoch: int, appended_at: floa
         "picked_up_in_step": switch[0]["step"] + 1 if switch else None,
         "first_step_with_new_part_examples": min(with_new) if with_new else None,
         "checkpoint_epoch_versions": {
-            int(c.name.split("_")[1]): read_trainer_json(c)["state"]["epoch_versions"] for c in checkpoints[-3:]
+            step: read_trainer_json(path)["state"]["epoch_versions"] for step, path in checkpoints[:3]
         },
+        "final_heldout": {k: final[k] for k in ("step", "mlm_acc", "unigram_acc", "mlm_margin")} if final else None,
         "crash_after_step": stop,
         "redone_steps": sorted({lines[0]["step"] for lines in redone}),
         "redone_steps_same_example_ids": all(
