@@ -28,6 +28,7 @@ above. Without weights an epoch is every example once, exactly as a set of one p
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -93,14 +94,17 @@ class ExampleOrder:
             blocks = self._weighted_draw(epoch)
         return blocks[np.random.default_rng([self.seed, epoch, 0]).permutation(len(blocks))]
 
-    def _weighted_draw(self, epoch: int) -> np.ndarray:
+    @functools.cached_property
+    def _part_of_block(self) -> np.ndarray:
         file_of_block = np.searchsorted(self.offsets, self._blocks[:, 0], side="right") - 1
         part_of_file = np.repeat(np.arange(len(self.part_files) or 1), self.part_files or [len(self.rows_per_file)])
-        part_of_block = part_of_file[file_of_block]
+        return part_of_file[file_of_block]
+
+    def _weighted_draw(self, epoch: int) -> np.ndarray:
         ratios = np.asarray(self.weights, dtype=np.float64) / sum(self.weights)
         drawn = []
         for part, ratio in enumerate(ratios):
-            mine = np.flatnonzero(part_of_block == part)
+            mine = np.flatnonzero(self._part_of_block == part)
             wanted = int(round(len(self._blocks) * ratio))
             copies, rest = divmod(wanted, len(mine)) if len(mine) else (0, 0)
             rng = np.random.default_rng([self.seed, epoch, 2, part])
@@ -191,10 +195,10 @@ class DataStream:
 
     def epoch_of(self, position: int) -> int:
         """The epoch holding stream position `position` (an undecided epoch past the end counts as the next one)."""
-        epoch = 0
-        while self._start(epoch + 1) <= position and (self.open_ended or epoch < len(self.versions)):
-            epoch += 1
-        return epoch
+        last = math.inf if self.open_ended else len(self.versions)  # the latest epoch a position can be in
+        while self._starts[-1] <= position and len(self._starts) - 1 < last:
+            self._start(len(self._starts))  # the start of one more epoch
+        return min(bisect.bisect_right(self._starts, position) - 1, last)
 
     def rows_at(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(global row, epoch) of each stream position (all before `end`)."""
@@ -203,8 +207,7 @@ class DataStream:
             raise ValueError(f"DataStream: position {int(positions.max())} is past the decided epochs ({self.end})")
         rows = np.empty_like(positions)
         last = self.epoch_of(int(positions.max())) if len(positions) else 0
-        starts = np.asarray([self._start(e) for e in range(last + 1)], dtype=np.int64)
-        epochs = np.searchsorted(starts, positions, side="right") - 1
+        epochs = np.searchsorted(self._starts[: last + 1], positions, side="right") - 1
         for epoch in np.unique(epochs):
             here = epochs == epoch
             order = self.order_of(self.version(int(epoch)))

@@ -15,7 +15,6 @@ from pathlib import Path
 from albert_core.config import ConfigError
 from albert_core.data_order import DataStream, ExampleOrder
 from albert_core.files import file_sha256
-from albert_core.shards import ManifestError, ShardsManifest
 from services.run_config import RunConfig
 from services.train.plan import ShardSet, read_shard_set
 
@@ -40,23 +39,19 @@ def newest_version(current: ShardSet, trained: int) -> ShardSet:
     """The shard set as its manifest lists it now, the files of the parts past version `trained` (the last one
     trained on) verified; `current` when it cannot be followed (unreadable, an older part changed, a new file
     whose sha256 differs), with the reason logged."""
-    directory = Path(current.directory)
     try:
-        newest = read_shard_set(directory)
+        newest = read_shard_set(Path(current.directory))
         if newest.files[: len(current.files)] != current.files or newest.version < current.version:
-            raise ConfigError(f"data.shards: {directory}: its parts changed (parts may only be appended)")
-        _verify_parts(directory, first=trained)
-    except (ConfigError, ManifestError, OSError) as err:
+            raise ConfigError(f"data.shards: {current.directory}: its parts changed (parts may only be appended)")
+        _verify_files(newest, first=sum(newest.part_files[:trained]))
+    except (ConfigError, OSError) as err:
         log.warning("not following the shard set, keeping version %d: %s", current.version, err)
         return current
     return newest
 
 
-def _verify_parts(directory: Path, *, first: int) -> None:
-    """Every file of the parts from index `first` on has the sha256 manifest.json records for it."""
-    for part in ShardsManifest.read(directory).parts[first:]:
-        for name, digest in zip(part.shards, part.sha256, strict=True):
-            if digest and file_sha256(directory / name) != digest:
-                raise ConfigError(
-                    f"data.shards: {directory / name}: sha256 differs from manifest.json (part {part.name})"
-                )
+def _verify_files(shards: ShardSet, *, first: int) -> None:
+    """Every file from index `first` on has the sha256 manifest.json records for it."""
+    for path, digest in zip(shards.files[first:], shards.sha256[first:], strict=True):
+        if digest and file_sha256(path) != digest:
+            raise ConfigError(f"data.shards: {path}: sha256 differs from manifest.json")

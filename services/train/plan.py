@@ -63,6 +63,7 @@ class ShardSet:
     rows_per_file: tuple[int, ...]
     part_files: tuple[int, ...]  # files in each part
     part_names: tuple[str, ...]
+    sha256: tuple[str, ...]  # of each file, as manifest.json records it ("" where it records none)
 
     @property
     def version(self) -> int:
@@ -97,7 +98,8 @@ def read_shard_set(shards_dir: Path) -> ShardSet:
         raise ConfigError(f"data.shards: {err}") from None
     if not parts:
         files = _listed_files(shards_dir)
-        return ShardSet(str(shards_dir), files, tuple(_shard_rows(f) for f in files), (len(files),), ("part-0",))
+        rows = tuple(_shard_rows(f) for f in files)
+        return ShardSet(str(shards_dir), files, rows, (len(files),), ("part-0",), ("",) * len(files))
     files, rows = [], []
     for part in parts:
         for name, listed in zip(part.shards, part.rows, strict=True):
@@ -111,7 +113,8 @@ def read_shard_set(shards_dir: Path) -> ShardSet:
             files.append(path)
             rows.append(found)
     part_files = tuple(len(part.shards) for part in parts)
-    return ShardSet(str(shards_dir), tuple(files), tuple(rows), part_files, tuple(p.name for p in parts))
+    names, digests = tuple(p.name for p in parts), tuple(d for p in parts for d in p.sha256)
+    return ShardSet(str(shards_dir), tuple(files), tuple(rows), part_files, names, digests)
 
 
 def _listed_files(shards_dir: Path) -> tuple[str, ...]:
