@@ -334,6 +334,24 @@ def make_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
+def time_position(total_steps: int, seconds: float, max_seconds: float) -> int:
+    """Where a schedule driven by a wall-clock budget stands: total_steps x the share of max_seconds spent, so that
+    warmup_steps and decay_steps read as shares of the budget (optim.clock = "time"). Capped at total_steps."""
+    if not max_seconds > 0:
+        raise ValueError(f"time_position: max_seconds must be > 0, got {max_seconds}")
+    return min(total_steps, int(total_steps * max(0.0, seconds) / max_seconds))
+
+
+def set_schedule_position(scheduler: torch.optim.lr_scheduler.LambdaLR, position: int) -> None:
+    """Move a LambdaLR schedule to `position` and set every group's rate there (base_lrs, so a rollback's scaled
+    rates hold); the next optimizer step applies it. A time-driven schedule calls this after each step."""
+    rates = [base * fn(position) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler.last_epoch = position
+    scheduler._last_lr = rates  # what get_last_lr() reports
+
+
 # --------------------------------------------------------------------------------------------------
 # factory
 

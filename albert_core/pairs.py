@@ -232,3 +232,36 @@ class _PairBuilder:
             if len(b) >= target_b_length:
                 break
         return b
+
+
+# --------------------------------------------------------------------------------------------------
+# SOP with the order drawn anew each epoch
+
+ORDER_STREAM = 1  # the order draw's stream under (seed, epoch, example id), apart from the masks' (masking.py)
+
+
+def order_draw(seed: int, epoch: int, example_id: int) -> int:
+    """1 (swapped) or 0 for one SOP example in one epoch: independent of batch, worker, order and the masks."""
+    sequence = np.random.SeedSequence(int(seed), spawn_key=(int(epoch), int(example_id), ORDER_STREAM))
+    return int(np.random.Generator(np.random.PCG64(sequence)).integers(0, 2))
+
+
+def reorder_pair(
+    input_ids: np.ndarray, token_type_ids: np.ndarray, word_starts: np.ndarray, pair_label: int, swapped: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """An SOP example ``[CLS] X [SEP] Y [SEP]`` stored with `pair_label` (1: X and Y are swapped), presented in the
+    order `swapped` asks for: the segments trade places (their [SEP]s stay at the ends of the segments, each token
+    keeps its word start) when it differs from the stored one. Returns ids, token types, word starts and label."""
+    if pair_label not in (0, 1) or swapped not in (0, 1):
+        raise ValueError(f"reorder_pair: an SOP label is 0 or 1, got stored {pair_label} and wanted {swapped}")
+    if swapped == pair_label:
+        return input_ids, token_type_ids, word_starts, pair_label
+    first = int(np.argmax(np.asarray(token_type_ids) == 1))  # where Y starts: after [CLS] X [SEP]
+    if first < 3 or first > len(input_ids) - 2 or np.any(token_type_ids[:first]) or not np.all(token_type_ids[first:]):
+        raise ValueError(
+            f"reorder_pair: expected [CLS] X [SEP] Y [SEP] with token types 0...0 1...1, got {list(token_type_ids)}"
+        )
+    order = np.r_[0, first : len(input_ids) - 1, first - 1, 1 : first - 1, len(input_ids) - 1]
+    types = np.r_[np.zeros(len(input_ids) - first + 1, dtype=token_type_ids.dtype),
+                  np.ones(first - 1, dtype=token_type_ids.dtype)]  # fmt: skip
+    return input_ids[order], types, word_starts[order], swapped

@@ -98,6 +98,13 @@ class ShardsManifest:
         return length if isinstance(length, int) and not isinstance(length, bool) else None
 
     @property
+    def objective(self) -> str | None:
+        """The pair objective the shards were made with (sop, nsp or none; the manifest's config), or None."""
+        config = self.data.get("config")
+        objective = config.get("objective") if isinstance(config, dict) else None
+        return objective if isinstance(objective, str) else None
+
+    @property
     def tokenizer_sha256(self) -> str | None:
         """The sha256 of the tokenizer model the manifest records (services/preprocess writes it), or None."""
         digest = self._tokenizer_entry.get("sha256")

@@ -128,12 +128,17 @@ def percent(metric: str) -> bool:
     return metric.endswith(("_acc", "_probe"))
 
 
+def _scale(metric: str) -> tuple[int, int]:
+    """How a metric is shown: x100 with 1 digit (accuracies), whole numbers (steps), else 3 digits."""
+    return (100, 1) if percent(metric) else (1, 0) if metric == "steps" else (1, 3)
+
+
 def format_estimate(metric: str, value: Estimate | float | None) -> str:
     if value is None:
         return ""
+    scale, digits = _scale(metric)
     if not isinstance(value, Estimate):
-        return f"{100 * value:.1f}" if percent(metric) else f"{value:.3f}"
-    scale, digits = (100, 1) if percent(metric) else (1, 3)
+        return f"{scale * value:.{digits}f}"
     mean = f"{scale * value.mean:.{digits}f}"
     return mean if value.se is None else f"{mean} ± {scale * value.se:.{digits}f}"
 
@@ -141,7 +146,7 @@ def format_estimate(metric: str, value: Estimate | float | None) -> str:
 def format_difference(metric: str, diff: Difference | None) -> str:
     if diff is None:
         return ""
-    scale, digits = (100, 1) if percent(metric) else (1, 3)
+    scale, digits = _scale(metric)
     text = f"{scale * diff.delta:+.{digits}f}"
     if diff.low is None:
         return text
@@ -149,12 +154,15 @@ def format_difference(metric: str, diff: Difference | None) -> str:
 
 
 def summary_markdown(spec: ExperimentSpec, results: list[dict[str, Any]], metrics: tuple[str, ...]) -> str:
-    """Per group: the seeds' mean ± standard error of each metric, and the difference of the claims' metrics
-    (mlm_acc when the spec has no claims) to the reference group with a 95% interval."""
+    """Per group: the seeds' mean ± standard error of each metric (and of the steps trained, when cells differ in
+    them), and the difference of the claims' metrics (mlm_acc when the spec has no claims) to the reference group
+    with a 95% interval."""
     groups = group_results(spec, results)
     if not groups:
         return ""
     shown = [m for m in metrics if any(r.get(m) is not None for rs in groups.values() for r in rs)]
+    if len({r.get("steps") for rs in groups.values() for r in rs}) > 1:  # a budget, or cells of other lengths
+        shown = ["steps", *shown]
     compared = list(dict.fromkeys(c.metric for c in spec.claims)) or ["mlm_acc"]
     reference = reference_group(spec)
     head = ["group", "seeds", *shown, *[f"Δ {m} vs {reference}" for m in compared]]

@@ -55,6 +55,10 @@ class DataSection:
     # Relative sampling ratio of each part of the shard set, by part name ("*": every part not named; a part with
     # no weight is not trained on). Empty: every example once per epoch. Seeded by (run.seed, epoch, part).
     mixture: dict[str, float] = field(default_factory=dict)
+    # SOP's segment order. "stored": as the shards hold it (drawn once at preprocess, so a run of many epochs can
+    # memorize which pairs are swapped). "epoch": drawn anew for every example in every epoch, seeded by (run.seed,
+    # epoch, example id) like the masks; needs an SOP shard set.
+    sop_order: str = "stored"  # stored | epoch
 
 
 @dataclass
@@ -66,6 +70,11 @@ class OptimSection:
     # 0: linear decay from the end of warmup to 0 at total_steps (the paper's). N > 0: hold the peak rate and decay
     # over the last N steps only (warmup-stable-decay), which trains faster on short budgets.
     decay_steps: int = 0
+    # What the schedule counts. "steps": optimizer updates. "time": the share of train.max_seconds spent, scaled to
+    # total_steps (cramming's budget schedules): warmup_steps and decay_steps become shares of the wall-clock budget,
+    # so every model of a same-budget comparison (Table 6) warms up and decays fully whatever its step time.
+    # total_steps still caps the number of updates.
+    clock: str = "steps"  # steps | time
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.999
@@ -103,7 +112,8 @@ class TrainSection:
     dropout_removal_step: int = 0
     # A wall-clock budget (Table 6: the same training time for every model): the run ends at the first step that
     # brings its training time (summed over resumes) to max_seconds, and saves that step as its final checkpoint.
-    # The learning-rate schedule still runs over optim.total_steps. 0: no budget, the run ends at total_steps.
+    # The learning-rate schedule runs over optim.total_steps, or over the budget with optim.clock = "time". 0: no
+    # budget, the run ends at total_steps.
     max_seconds: float = 0.0
     max_failures: int = 3
     # Training health (services/health.py). A logged step whose loss or gradient norm is not finite, or whose loss
@@ -192,6 +202,11 @@ class RunConfig:
         _positive(self, "data", ("max_seq_length", "max_ngram"))
         _check_train(self.train)
         _check_optim(self.optim)
+        if self.optim.clock == "time" and not self.train.max_seconds:
+            raise ConfigError(
+                'optim.clock: "time" runs the schedule over the wall-clock budget, but train.max_seconds is 0 '
+                "(no budget)"
+            )
         d = self.data
         if d.continue_from_init and not self.model.init_from:
             raise ConfigError(
@@ -200,6 +215,8 @@ class RunConfig:
         for part, weight in d.mixture.items():
             if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight < math.inf:
                 raise ConfigError(f"data.mixture: {part!r}: expected a weight >= 0, got {weight!r}")
+        if d.sop_order not in ("stored", "epoch"):
+            raise ConfigError(f"data.sop_order: expected stored or epoch, got {d.sop_order!r}")
         if not 0 < d.mask_prob < 1:
             raise ConfigError(f"data.mask_prob: expected in (0, 1), got {d.mask_prob}")
         if d.max_seq_length > self.model_config(30000).max_position_embeddings:
@@ -296,6 +313,8 @@ def _check_train(t: TrainSection) -> None:
 def _check_optim(o: OptimSection) -> None:
     if o.name not in ("lamb", "adamw"):
         raise ConfigError(f"optim.name: expected lamb or adamw, got {o.name!r}")
+    if o.clock not in ("steps", "time"):
+        raise ConfigError(f"optim.clock: expected steps or time, got {o.clock!r}")
     for positive in ("lr", "eps"):
         if not 0 < getattr(o, positive) < math.inf:
             raise ConfigError(f"optim.{positive}: expected a finite number > 0, got {getattr(o, positive)}")

@@ -202,6 +202,21 @@ def test_the_report_decides_each_claim_on_the_finished_seeds(recipe, tmp_path):
     assert "layer transitions" not in text  # no cell measured them
 
 
+def test_the_summary_shows_the_steps_trained_only_when_cells_differ_in_them(recipe, tmp_path):
+    spec = spec_with_reference(recipe, tmp_path)
+    cells = spec.expand()
+    steps = {"sharing-all": [500, 510, 520], "sharing-none": [1000, 1000, 1000]}  # e.g. a wall-clock budget
+    results = [
+        {"cell": c.name, "values": c.values, "mlm_acc": 0.2, "steps": steps[c.group][c.values["run.seed"] - 1]}
+        for c in cells
+    ]
+    table = summary_markdown(spec, results, ("mlm_acc",))
+    assert table.splitlines()[0].startswith("| group | seeds | steps | mlm_acc |")
+    assert "| sharing-all | 3 | 510 ± 6 | 20.0 ± 0.0 |" in table and "| sharing-none | 3 | 1000 ± 0 |" in table
+    same = [{**r, "steps": 1000} for r in results]
+    assert "steps" not in summary_markdown(spec, same, ("mlm_acc",))
+
+
 def test_markers_go_to_cells_dir_when_the_spec_names_one(recipe, tmp_path):
     head = {"name": "exp", "recipe": str(recipe), "output_dir": str(tmp_path / "out")}
     head["cells_dir"] = str(tmp_path / "kept")

@@ -20,6 +20,8 @@ from albert_core.optim import (
     make_optimizer,
     make_scheduler,
     param_groups_for,
+    set_schedule_position,
+    time_position,
 )
 
 LR = 0.01
@@ -416,6 +418,37 @@ def test_make_scheduler_sets_group_lrs_from_the_multiplier():
     for step, lrs in enumerate(seen):
         want = 0.00176 * linear_warmup_poly_decay(step, warmup_steps=4, total_steps=12)
         assert all(math.isclose(lr, want, abs_tol=1e-15) for lr in lrs), (step, lrs, want)
+
+
+def test_a_schedule_moved_to_a_position_matches_one_stepped_there_and_resumes_from_it():
+    model = make_model()
+    stepped, moved = make_optimizer(model, lr=1e-3), make_optimizer(model, lr=1e-3)
+    a = make_scheduler(stepped, warmup_steps=4, total_steps=20, decay_steps=6)
+    b = make_scheduler(moved, warmup_steps=4, total_steps=20, decay_steps=6)
+    for _ in range(17):
+        stepped.step()
+        a.step()
+    set_schedule_position(b, 17)
+    assert [g["lr"] for g in moved.param_groups] == [g["lr"] for g in stepped.param_groups] == [0.5e-3] * 2
+    assert b.get_last_lr() == a.get_last_lr() and b.last_epoch == 17
+    b.base_lrs = [2e-3, 2e-3]  # a rollback's scaled rates hold when the schedule moves again
+    set_schedule_position(b, 2)
+    assert [g["lr"] for g in moved.param_groups] == [1e-3, 1e-3]
+    resumed = make_scheduler(make_optimizer(model, lr=1e-3), warmup_steps=4, total_steps=20, decay_steps=6)
+    resumed.load_state_dict(b.state_dict())
+    assert resumed.last_epoch == 2 and resumed.base_lrs == [2e-3, 2e-3]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "position"), [(0.0, 0), (-1.0, 0), (30.0, 250), (59.99, 499), (60.0, 500), (600.0, 500)]
+)
+def test_time_position_is_the_share_of_the_budget_spent_capped_at_total_steps(seconds, position):
+    assert time_position(500, seconds, 60.0) == position
+
+
+def test_time_position_needs_a_budget():
+    with pytest.raises(ValueError, match="max_seconds must be > 0"):
+        time_position(500, 1.0, 0.0)
 
 
 def test_make_scheduler_rejects_bad_arguments_at_construction():

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from albert_core.pairs import IGNORE_LABEL, PairConfig, PairExample, _truncate_pair, create_pairs
+from albert_core.pairs import (
+    IGNORE_LABEL,
+    PairConfig,
+    PairExample,
+    _truncate_pair,
+    create_pairs,
+    order_draw,
+    reorder_pair,
+)
 
 CLS, SEP = 2, 3
 DOC_STRIDE = 1_000_000  # token id = 10 + doc * DOC_STRIDE + position in the document: the id says where it came from
@@ -248,3 +256,43 @@ def test_truncation_takes_tokens_from_both_ends():
 def test_bad_config_is_rejected_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"PairConfig.{field}"):
         PairConfig(**{field: value})
+
+
+# --- SOP with the order drawn anew each epoch (data.sop_order = "epoch") -------------------------------------
+
+
+def sop_row(a: list[int], b: list[int], label: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """[CLS]=2 first [SEP]=3 second [SEP], as create_pairs writes it; word starts mark every token of a segment
+    but its second, so that a moved flag would show."""
+    first, second = (b, a) if label else (a, b)
+    ids = np.array([2, *first, 3, *second, 3])
+    types = np.array([0] * (len(first) + 2) + [1] * (len(second) + 1))
+    starts = np.array([True, *[i != 1 for i in range(len(first))], False, *[i != 1 for i in range(len(second))], False])
+    return ids, types, starts, label
+
+
+@pytest.mark.parametrize("stored", [0, 1])
+def test_reorder_pair_presents_the_pair_in_the_order_asked_for(stored):
+    a, b = [10, 11, 12], [20, 21]
+    for wanted in (0, 1):
+        ids, types, starts, label = reorder_pair(*sop_row(a, b, stored), wanted)
+        want = sop_row(a, b, wanted)
+        assert label == wanted
+        assert ids.tolist() == want[0].tolist() and types.tolist() == want[1].tolist()
+        assert starts.tolist() == want[2].tolist()
+
+
+def test_reorder_pair_refuses_what_is_not_an_sop_pair():
+    ids, types, starts, _ = sop_row([10, 11], [20], 0)
+    with pytest.raises(ValueError, match="an SOP label is 0 or 1"):
+        reorder_pair(ids, types, starts, IGNORE_LABEL, 1)
+    with pytest.raises(ValueError, match="token types 0...0 1...1"):
+        reorder_pair(ids, np.zeros_like(types), starts, 0, 1)
+
+
+def test_the_order_draw_is_a_fair_coin_per_example_and_epoch():
+    draws = np.array([[order_draw(7, epoch, example) for example in range(2000)] for epoch in range(2)])
+    assert 0.45 < draws.mean() < 0.55
+    assert 0.45 < (draws[0] != draws[1]).mean() < 0.55  # a new order each epoch, not the stored one again
+    assert [order_draw(7, 0, e) for e in range(50)] == draws[0, :50].tolist()  # reproducible
+    assert [order_draw(8, 0, e) for e in range(200)] != draws[0, :200].tolist()

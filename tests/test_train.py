@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from albert_core.config import AlbertConfig, ConfigError
 from albert_core.model import AlbertForPreTraining, compile_backbone
 from albert_core.optim import make_optimizer, make_scheduler
+from albert_core.pairs import order_draw, reorder_pair
 from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.run_config import RunConfig
@@ -206,6 +207,45 @@ def test_dropout_removal_reaches_a_compiled_backbone(rows):
     assert not torch.equal(model.albert(*inputs).last_hidden_state, model.albert(*inputs).last_hidden_state)
     model.set_dropout(0.0)
     torch.testing.assert_close(model.albert(*inputs).last_hidden_state, model.albert(*inputs).last_hidden_state)
+
+
+def test_sop_order_epoch_draws_each_pair_order_per_epoch_and_keeps_the_tokens(rows):
+    data = RunConfig().data
+    data.max_seq_length, data.sop_order = SEQ, "epoch"
+    ids = TokenIds(vocab_size=VOCAB)
+    for epoch in (0, 1):
+        batch = make_micro_batch(rows, seed=5, epoch=epoch, ids=ids, data=data)
+        assert batch["pair_labels"].tolist() == [order_draw(5, epoch, int(e)) for e in rows["example_id"]]
+        for i, label in enumerate(batch["pair_labels"].tolist()):  # the stored row, its segments swapped or not
+            stored = [rows[name][i] for name in ("input_ids", "token_type_ids", "word_starts")]
+            want = reorder_pair(*stored, int(rows["pair_label"][i]), label)
+            n = len(want[0])
+            assert batch["token_type_ids"][i, :n].tolist() == want[1].tolist()
+            assert _unmasked(batch, i, n) == want[0].tolist()
+    stored = RunConfig().data
+    stored.max_seq_length = SEQ
+    labels = make_micro_batch(rows, seed=5, epoch=0, ids=ids, data=stored)["pair_labels"].tolist()
+    assert labels == [int(v) for v in rows["pair_label"]]
+
+
+def _unmasked(batch, i: int, n: int) -> list[int]:
+    """Row i's first n tokens with every masked position restored from its label."""
+    tokens = batch["input_ids"][i, :n].clone()
+    labelled = batch["mlm_labels"][i, :n] != -100
+    tokens[labelled] = batch["mlm_labels"][i, :n][labelled]
+    return tokens.tolist()
+
+
+def test_sop_order_epoch_is_refused_on_a_shard_set_that_is_not_sop(tmp_path):
+    shards = write_shards(tmp_path / "nsp", (16,), manifest={"vocab_size": VOCAB, "config": {"objective": "nsp"}})
+    config = run_config(tmp_path, shards, "n")
+    config.data.sop_order = "epoch"
+    with pytest.raises(ConfigError, match=r'data.sop_order: "epoch" redraws the order of SOP pairs, but .*'
+                                          r"manifest.json records the objective 'nsp'"):  # fmt: skip
+        plan_data(shards, config)
+    config.data.sop_order = "random"
+    with pytest.raises(ConfigError, match="data.sop_order: expected stored or epoch, got 'random'"):
+        config.validate()
 
 
 def test_train_compile_with_the_xla_backend_is_refused_naming_the_field(tmp_path):
@@ -409,6 +449,31 @@ def test_a_spent_wall_clock_budget_ends_every_worker_at_the_same_step_and_a_reru
     again = run_pretraining(config, resume=True)
     assert (again.step, again.finished) == (1, True)
     assert read_metrics(config.run_dir / "metrics.jsonl") == everything
+
+
+def test_a_time_clock_runs_the_schedule_over_the_budget_on_every_worker(ray_local, shards, tmp_path):
+    # Linear decay over the whole budget: the rate each step applies follows rank 0's training time at the step
+    # before (position = total_steps x seconds / max_seconds), not the step count, and is near 0 when the budget ends.
+    config = run_config(tmp_path, shards, "clock", max_seconds=4.0, checkpoint_every=1000, dropout_removal_step=0)
+    config.optim.total_steps, config.optim.warmup_steps, config.optim.clock = 1000, 0, "time"
+    result = run_pretraining(config, resume=False)
+    assert result.finished and 1 < result.step < 1000
+    records = train_lines(config.run_dir / "metrics.jsonl")
+    assert records[0]["lr"] == pytest.approx(config.optim.lr)  # position 0
+    for before, record in zip(records, records[1:], strict=False):
+        expected = 1 - min(1.0, before["train_seconds"] / config.train.max_seconds)
+        assert record["lr"] / config.optim.lr == pytest.approx(expected, abs=0.003)  # seconds are logged rounded
+    assert records[-1]["lr"] < 0.25 * config.optim.lr
+
+
+def test_a_time_clock_without_a_budget_is_refused(tmp_path):
+    config = run_config(tmp_path, tmp_path, "n")
+    config.optim.clock = "time"
+    with pytest.raises(ConfigError, match='optim.clock: "time" runs the schedule over the wall-clock budget'):
+        config.validate()
+    config.optim.clock = "hours"
+    with pytest.raises(ConfigError, match="optim.clock: expected steps or time, got 'hours'"):
+        config.validate()
 
 
 def test_a_negative_budget_is_refused_naming_the_field(tmp_path):

@@ -151,6 +151,7 @@ def plan_data(shards_dir: Path, config: RunConfig) -> ShardSet:
     if total < config.train.global_batch_size:
         raise ConfigError(_too_few_examples(shards_dir, len(shards.files), total, config.train))
     _check_sequence_length(shards_dir, config)
+    _check_sop_order(shards_dir, config)
     return shards
 
 
@@ -189,6 +190,21 @@ def _check_sequence_length(shards_dir: Path, config: RunConfig) -> None:
             f"data.max_seq_length: {wanted}, but {shards_dir} was preprocessed with --max-seq-length {made} (its "
             f"{MANIFEST_FILE}); preprocess again with --max-seq-length {wanted} into a new --output, or train on "
             f"these with --set data.max_seq_length={made}"
+        )
+
+
+def _check_sop_order(shards_dir: Path, config: RunConfig) -> None:
+    """data.sop_order = "epoch" swaps segments: only SOP examples have two segments whose order is the label."""
+    if config.data.sop_order != "epoch":
+        return
+    try:
+        objective = ShardsManifest.read(shards_dir).objective
+    except ManifestError:
+        objective = None
+    if objective != "sop":
+        raise ConfigError(
+            f'data.sop_order: "epoch" redraws the order of SOP pairs, but {shards_dir / MANIFEST_FILE} records the '
+            f"objective {objective!r}; use an SOP shard set (albert preprocess --objective sop) or sop_order stored"
         )
 
 

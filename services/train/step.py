@@ -23,6 +23,7 @@ from albert_core.config import AlbertConfig
 from albert_core.masking import IGNORE_INDEX
 from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
+from albert_core.pairs import order_draw, reorder_pair
 from albert_core.tokenization import TokenIds
 from albert_core.unigram import UnigramBaseline
 
@@ -43,6 +44,8 @@ def make_micro_batch(
             raise ValueError(f"{where} has {len(row)} tokens, more than data.max_seq_length={data.max_seq_length}")
         if len(row) and (int(np.max(row)) >= ids.vocab_size or int(np.min(row)) < 0):
             raise ValueError(f"{where} has token id {int(np.max(row))}, outside the vocabulary of {ids.vocab_size}")
+    if data.sop_order == "epoch":
+        rows = redraw_orders(rows, seed=seed, epoch=epoch)
     batch = mlm_batch(
         rows["input_ids"],
         rows["token_type_ids"],
@@ -60,6 +63,21 @@ def make_micro_batch(
         max_ngram=data.max_ngram,
     )
     return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+def redraw_orders(rows: dict[str, np.ndarray], *, seed: int, epoch: int | np.ndarray) -> dict[str, np.ndarray]:
+    """data.sop_order = "epoch": each SOP row in the order drawn for it in this epoch (albert_core.pairs)."""
+    epochs = np.broadcast_to(np.asarray(epoch, dtype=np.int64), (len(rows["input_ids"]),))
+    columns = ("input_ids", "token_type_ids", "word_starts", "pair_label")
+    out = {name: np.empty(len(epochs), dtype=object) for name in columns}
+    for i, example in enumerate(rows["example_id"]):
+        swapped = order_draw(seed, int(epochs[i]), int(example))
+        stored = [rows[name][i] for name in columns[:3]]
+        values = reorder_pair(*(np.asarray(v) for v in stored), int(rows["pair_label"][i]), swapped)
+        for name, value in zip(columns, values, strict=True):
+            out[name][i] = value
+    out["pair_label"] = out["pair_label"].astype(np.int64)
+    return {**rows, **out}
 
 
 @dataclass

@@ -14,7 +14,8 @@ and checkpoints.
 
 Budget. `train.max_seconds` > 0 ends the run at the first step that brings its training time (summed over resumes)
 to the budget: rank 0's clock decides and one tiny broadcast per step tells every worker, so all stop at the same
-step, which is saved as the final checkpoint.
+step, which is saved as the final checkpoint. With `optim.clock = "time"` the same broadcast carries rank 0's
+training time, and after each step the learning-rate schedule moves to the share of the budget spent.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from albert_core.data_order import DataStream
+from albert_core.optim import set_schedule_position, time_position
 from albert_core.unigram import UnigramBaseline
 from services.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
@@ -275,7 +277,8 @@ class Clock:
     """The run's training time (summed over resumes) against train.max_seconds, and the driver's stop request.
 
     Rank 0 decides both, so that every worker ends at the same step: one tiny broadcast per step, made only when
-    there is something to decide (a budget, or a coordinator the driver can ask to stop through).
+    there is something to decide (a budget, or a coordinator the driver can ask to stop through). It carries rank 0's
+    training time too, so that a schedule driven by the budget (optim.clock = "time") sets the same rate everywhere.
     """
 
     def __init__(self, worker: Worker, state: TrainerState):
@@ -288,7 +291,8 @@ class Clock:
         return bool(train.max_seconds) and state.train_seconds >= train.max_seconds
 
     def tick(self, state: TrainerState) -> str | None:
-        """Update state.train_seconds; "budget" or "requested" on every worker when the run ends at this step."""
+        """Update state.train_seconds (rank 0's, on every worker); "budget" or "requested" on every worker when the
+        run ends at this step."""
         state.train_seconds = self.before + time.perf_counter() - self.started
         if not self.decides:
             return None
@@ -298,7 +302,17 @@ class Clock:
                 reason = 1
             elif self.worker.record.stop_requested():
                 reason = 2
-        return {0: None, 1: "budget", 2: "requested"}[_rank0_decides(reason, self.worker.distributed)]
+        reason, state.train_seconds = _from_rank0_numbers([reason, state.train_seconds], self.worker.distributed)
+        return {0: None, 1: "budget", 2: "requested"}[int(reason)]
+
+
+def follow_clock(worker: Worker, scheduler, state: TrainerState) -> None:
+    """optim.clock = "time": move the schedule to the share of the budget spent, for the next step."""
+    o = worker.plan.run.optim
+    if o.clock == "time":
+        set_schedule_position(
+            scheduler, time_position(o.total_steps, state.train_seconds, worker.plan.run.train.max_seconds)
+        )
 
 
 def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState, stats: StepStats, clock):
@@ -308,6 +322,7 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
 
     t, step = worker.plan.run.train, state.step
     ends = clock.tick(state)
+    follow_clock(worker, scheduler, state)
     is_last = step == worker.plan.run.optim.total_steps or ends == "budget"
     save = step % t.checkpoint_every == 0 or is_last or ends is not None
     if step % t.log_every == 0 or save:
@@ -366,8 +381,7 @@ def roll_back(worker: Worker, model, optimizer, scheduler, state: TrainerState, 
 def apply_lr_scale(optimizer, scheduler, scale: float) -> None:
     """Scale the schedule's base learning rates (and the current rate) by `scale` of the configured ones."""
     scheduler.base_lrs = [group["initial_lr"] * scale for group in optimizer.param_groups]
-    for group, lr in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
-        group["lr"] = lr * scheduler.lr_lambdas[0](scheduler.last_epoch)
+    set_schedule_position(scheduler, scheduler.last_epoch)
 
 
 def _metrics(worker: Worker, stats: StepStats, state: TrainerState) -> dict[str, Any]:
@@ -392,16 +406,16 @@ def _metrics(worker: Worker, stats: StepStats, state: TrainerState) -> dict[str,
     return metrics
 
 
-def _rank0_decides(value: int, distributed: bool) -> int:
-    """Rank 0's value on every worker (one tiny broadcast), so that all of them stop at the same step."""
+def _from_rank0_numbers(values: list[float], distributed: bool) -> list[float]:
+    """Rank 0's numbers on every worker (one tiny broadcast), so that all of them stop at the same step."""
     if not distributed:
-        return value
+        return values
     import torch.distributed as dist
 
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    decision = torch.tensor([int(value)], device=device)
-    dist.broadcast(decision, src=0)
-    return int(decision.item())
+    numbers = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.broadcast(numbers, src=0)
+    return numbers.tolist()
 
 
 def trace_step(path: Path, *, step: int, epoch: int, rank: int, rows) -> None:
