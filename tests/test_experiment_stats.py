@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -246,3 +247,22 @@ def test_a_claim_whose_cells_have_not_finished_is_pending(recipe, tmp_path):
     spec = spec_with_reference(recipe, tmp_path)
     (verdict, _) = judge(spec, {})
     assert verdict.text == "pending (cells not finished)"
+
+
+# --- the shipped specs ----------------------------------------------------------------------------------------
+
+SPECS = sorted((Path(__file__).resolve().parents[1] / "configs" / "experiments").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_every_shipped_spec_builds_a_valid_run_for_each_cell_and_its_committed_cells_are_current(path, monkeypatch):
+    monkeypatch.chdir(path.parents[2])  # specs name recipes and cells_dir relative to the repository
+    spec = ExperimentSpec.load(path)
+    spec.validate()
+    cells = spec.expand()
+    for cell in cells:
+        cell_config(spec, cell).validate()
+    fingerprints = {cell_fingerprint(spec, cell): cell.name for cell in cells}
+    for marker in sorted(spec.markers.glob("*.json")) if spec.cells_dir else []:  # what reports/ was made from
+        saved = json.loads(marker.read_text())
+        assert fingerprints.get(saved["fingerprint"]) == marker.stem, f"{marker}: made by another version of the spec"
