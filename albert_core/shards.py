@@ -90,19 +90,22 @@ class ShardsManifest:
         size = self.data.get("vocab_size", self._tokenizer_entry.get("vocab_size"))
         return size if isinstance(size, int) and not isinstance(size, bool) else None
 
+    def _config_value(self, name: str, kind: type) -> Any:
+        """An option the shards were preprocessed with (the manifest's "config"), or None when absent or of another
+        type."""
+        config = self.data.get("config")
+        value = config.get(name) if isinstance(config, dict) else None
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
     @property
     def max_seq_length(self) -> int | None:
-        """The --max-seq-length the shards were preprocessed with (the manifest's config), or None."""
-        config = self.data.get("config")
-        length = config.get("max_seq_length") if isinstance(config, dict) else None
-        return length if isinstance(length, int) and not isinstance(length, bool) else None
+        """The --max-seq-length the shards were preprocessed with, or None."""
+        return self._config_value("max_seq_length", int)
 
     @property
     def objective(self) -> str | None:
-        """The pair objective the shards were made with (sop, nsp or none; the manifest's config), or None."""
-        config = self.data.get("config")
-        objective = config.get("objective") if isinstance(config, dict) else None
-        return objective if isinstance(objective, str) else None
+        """The pair objective the shards were made with (sop, nsp or none), or None."""
+        return self._config_value("objective", str)
 
     @property
     def tokenizer_sha256(self) -> str | None:

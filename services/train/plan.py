@@ -150,8 +150,12 @@ def plan_data(shards_dir: Path, config: RunConfig) -> ShardSet:
                 if weights is None or weights[part] > 0)  # fmt: skip
     if total < config.train.global_batch_size:
         raise ConfigError(_too_few_examples(shards_dir, len(shards.files), total, config.train))
-    _check_sequence_length(shards_dir, config)
-    _check_sop_order(shards_dir, config)
+    try:
+        manifest = ShardsManifest.read(shards_dir)
+    except ManifestError:
+        manifest = ShardsManifest(shards_dir)  # unreadable: what it would say is unknown, so not checked
+    _check_sequence_length(manifest, config)
+    _check_sop_order(manifest, config)
     return shards
 
 
@@ -177,13 +181,10 @@ def _check_mixture(shards: ShardSet, config: RunConfig) -> None:
         )
 
 
-def _check_sequence_length(shards_dir: Path, config: RunConfig) -> None:
+def _check_sequence_length(manifest: ShardsManifest, config: RunConfig) -> None:
     """Rows longer than data.max_seq_length would fail the first step on a worker: refuse them here instead, by
     the max_seq_length the shards were preprocessed with (manifest.json's config; unknown: not checked)."""
-    try:
-        made = ShardsManifest.read(shards_dir).max_seq_length
-    except ManifestError:
-        return
+    shards_dir, made = manifest.directory, manifest.max_seq_length
     wanted = config.data.max_seq_length
     if made is not None and made > wanted:
         raise ConfigError(
@@ -193,18 +194,13 @@ def _check_sequence_length(shards_dir: Path, config: RunConfig) -> None:
         )
 
 
-def _check_sop_order(shards_dir: Path, config: RunConfig) -> None:
+def _check_sop_order(manifest: ShardsManifest, config: RunConfig) -> None:
     """data.sop_order = "epoch" swaps segments: only SOP examples have two segments whose order is the label."""
-    if config.data.sop_order != "epoch":
-        return
-    try:
-        objective = ShardsManifest.read(shards_dir).objective
-    except ManifestError:
-        objective = None
-    if objective != "sop":
+    if config.data.sop_order == "epoch" and manifest.objective != "sop":
         raise ConfigError(
-            f'data.sop_order: "epoch" redraws the order of SOP pairs, but {shards_dir / MANIFEST_FILE} records the '
-            f"objective {objective!r}; use an SOP shard set (albert preprocess --objective sop) or sop_order stored"
+            f'data.sop_order: "epoch" redraws the order of SOP pairs, but {manifest.directory / MANIFEST_FILE} records '
+            f"the objective {manifest.objective!r}; use an SOP shard set (albert preprocess --objective sop) or "
+            "sop_order stored"
         )
 
 
