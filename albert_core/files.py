@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 CHECKSUM_FILE = "MANIFEST.json"  # sha256 and size of every file of a checkpoint directory
-# A run's metrics log, one JSON object per line: pretraining runs (services.run_log owns its records) and
+# A run's metrics log, one JSON object per line: pretraining runs (services.run.log owns its records) and
 # fine-tuning runs (albert_core.finetuning) name it alike.
 METRICS_FILE = "metrics.jsonl"
 

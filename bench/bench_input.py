@@ -34,7 +34,7 @@ import torch
 
 from albert_core.data_order import ExampleOrder
 from albert_core.model import AlbertForPreTraining
-from services.run_config import RunConfig
+from services.run.config import RunConfig
 from services.train import make_micro_batch, optimizer_for, resolve_token_ids, train_step
 from services.train.data import Prefetch, ShardRows, host_steps
 

@@ -31,8 +31,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from services import run_log, schedule_state  # noqa: E402
-from services.schedule_state import RESULT_KIND  # noqa: E402
+from services.run import log as run_log  # noqa: E402
+from services.run import schedules  # noqa: E402
+from services.run.schedules import RESULT_KIND  # noqa: E402
 
 ALBERT = [sys.executable, "-m", "services.cli"]
 
@@ -127,9 +128,9 @@ def exactly_once(work: Path, steps: int, every: int, checkpoint_every: int) -> d
 
 def kill_scheduler(run_dir: Path, name: str, scheduler: subprocess.Popen, kills: list[dict[str, Any]]) -> None:
     """SIGKILL the schedule's actor process once it has evaluated something; Ray restarts it."""
-    wait_until(lambda: schedule_state.load(run_dir, name).done, 900, "a first scheduled evaluation")
+    wait_until(lambda: schedules.load(run_dir, name).done, 900, "a first scheduled evaluation")
     (pid,) = wait_until(lambda: session_pids(scheduler.pid, "ScheduleRunner"), 60, "the scheduler actor's process")
-    done = sorted(schedule_state.load(run_dir, name).done)
+    done = sorted(schedules.load(run_dir, name).done)
     os.kill(pid, signal.SIGKILL)
     kills.append({"scheduler_killed_after": done})
 
@@ -139,7 +140,7 @@ def count(run_dir: Path, every: int, attached_at: int, kills, train_rc: int, sch
     results = [r["step"] for r in records if r.get("kind") == RESULT_KIND]
     saved = sorted({r["step"] for r in records if r.get("event") == "checkpoint_saved"})
     matching = [s for s in saved if s % every == 0]
-    state = schedule_state.load(run_dir, f"every-{every}")
+    state = schedules.load(run_dir, f"every-{every}")
     per_step = {s: results.count(s) for s in matching}
     return {
         "attached_at_checkpoint": attached_at,

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from albert_core.analysis import document_pairs  # noqa: E402
 from albert_core.evaluation import read_heldout  # noqa: E402
 from albert_core.shards import HELDOUT_FILE, TRAIN_DIR  # noqa: E402
-from services.run_config import RunConfig  # noqa: E402
+from services.run.config import RunConfig  # noqa: E402
 from services.train.plan import resolve_token_ids  # noqa: E402
 
 

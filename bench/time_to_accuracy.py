@@ -1,7 +1,7 @@
 """Time to accuracy: wall seconds until held-out MLM accuracy reaches a target, for our pipeline and for an
 independent reference, on the same shards and the same machine, measured in one run (target: ours >= 2x sooner).
 
-- ours       `albert pretrain --config tiny` as a user runs it (services.pipeline.pretrain: embedded Ray, 2 Ray Train
+- ours       `albert pretrain --config tiny` as a user runs it (services.train.pretrain: embedded Ray, 2 Ray Train
              workers, the coordinator evaluating every `--eval-every` steps). The clock starts when pretrain is
              called, so Ray's start-up counts; a step's time is when its train line was logged.
 - reference  transformers' AlbertForPreTraining of the tiny recipe's shape (post-LN, as transformers' ALBERT is,
@@ -33,8 +33,8 @@ from albert_core.evaluation import intrinsic_metrics, read_heldout
 from albert_core.shards import HELDOUT_FILE, TRAIN_DIR
 from albert_core.tokenization import TokenIds
 from albert_core.unigram import UnigramBaseline
-from services.run_config import RunConfig
-from services.run_log import read_metrics
+from services.run.config import RunConfig
+from services.run.log import read_metrics
 from services.train.plan import resolve_token_ids, unigram_for
 
 DEFAULT_SHARDS = Path(".cache/albert/sample-shards-8000-128")
@@ -170,7 +170,7 @@ def evaluate(model, documents, token_ids: TokenIds, config: RunConfig, unigram: 
 
 
 def run_ours(args, out: Path) -> list[dict]:
-    from services.pipeline import pretrain
+    from services.train.pretrain import pretrain
 
     config = RunConfig.load(
         args.recipe,

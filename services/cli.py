@@ -1,8 +1,8 @@
 """`albert`: the one command-line entry point. Each subcommand parses its flags and calls one function.
 
-Every subcommand's options are defined here, except `albert submit` / `albert jobs` (services.jobs_cli). Handlers
-that are only CLI glue are here too; the others are the `cmd_*` functions of their service (services.preprocess,
-services.finetune, services.analyze, services.experiment).
+Every subcommand's options are defined here, except `albert submit` / `albert jobs` (services.jobs.cli). Handlers
+that are only CLI glue are here too; the others are the `cmd_*` functions of their service (services.preprocess.run,
+services.finetune.run, services.experiments.analyze, services.experiments.run).
 Heavy imports (torch, ray) happen inside the handlers so `albert --help` is instant.
 """
 
@@ -49,7 +49,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_data_sample(args: argparse.Namespace) -> int:
-    from services.sample_data import assemble_sample_corpus
+    from services.data.sample import assemble_sample_corpus
 
     parts = assemble_sample_corpus(Path(args.directory), force=args.force)
     print(json.dumps({name: str(path) for name, path in parts.items()}, indent=2))
@@ -97,9 +97,9 @@ def parse_sets(pairs: list[str]) -> dict[str, object]:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    from services.interrupt import StoppedAtOnce
-    from services.pipeline import pretrain
-    from services.run_config import RunConfig
+    from services.run.config import RunConfig
+    from services.train.interrupt import StoppedAtOnce
+    from services.train.pretrain import pretrain
 
     overrides = parse_sets(args.set)
     if args.resume:
@@ -126,11 +126,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     """From the run directory ("live" while its coordinator's heartbeat is fresh). --address: a job server URL
     (http://host:8265, the one `albert submit` takes) adds the cluster's running jobs; a Ray address
     (host:6379, ray://..., auto) asks the live coordinator itself."""
-    from services.coordinator import STATE_FILE, read_status, run_status
+    from services.train.coordinator import STATE_FILE, read_status, run_status
 
     run_dir = Path(args.run)
     if args.address and args.address.startswith(("http://", "https://")):
-        from services.jobs import list_jobs
+        from services.jobs.client import list_jobs
 
         if not (run_dir / STATE_FILE).is_file():
             raise FileNotFoundError(
@@ -141,7 +141,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         running = [r for r in list_jobs(address=args.address) if r.status in ("PENDING", "RUNNING")]
         status["cluster_jobs"] = [{"job_id": r.job_id, "status": r.status, "entrypoint": r.entrypoint} for r in running]
     elif args.address:
-        from services.pipeline import connect
+        from services.train.pretrain import connect
 
         connect(args.address)
         status = run_status(run_dir, run_dir.name)
@@ -152,7 +152,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from services.eval import IntrinsicOptions, evaluate_checkpoint
+    from services.eval.evaluate import IntrinsicOptions, evaluate_checkpoint
 
     task_data = dict(pair.split("=", 1) for pair in args.task_data)
     options = IntrinsicOptions(max_seq_length=args.max_seq_length, max_examples=args.max_examples)
@@ -162,7 +162,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from services.pipeline import run_demo
+    from services.train.pretrain import run_demo
 
     paths = run_demo(cache=Path(args.cache), vocab_size=args.vocab_size, progress=not args.no_progress)
     if paths.train is not None and paths.train.stopped:
@@ -176,7 +176,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from services.jobs_cli import add_jobs_commands
+    from services.jobs.cli import add_jobs_commands
 
     parser = argparse.ArgumentParser(prog="albert", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -263,8 +263,8 @@ def add_run_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def add_eval_commands(commands: argparse._SubParsersAction) -> None:
-    """`albert eval schedule|list|cancel` (services.schedule_cli)."""
-    from services.schedule_cli import cmd_eval_cancel, cmd_eval_list, cmd_eval_schedule
+    """`albert eval schedule|list|cancel` (services.eval.cli)."""
+    from services.eval.cli import cmd_eval_cancel, cmd_eval_list, cmd_eval_schedule
 
     evals = commands.add_parser("eval", help="evaluation schedules attached to a run (live or finished)")
     actions = evals.add_subparsers(dest="action", required=True)
@@ -295,10 +295,10 @@ def add_eval_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def add_preprocess_command(commands: argparse._SubParsersAction) -> None:
-    """`albert preprocess` (services.preprocess_cli)."""
+    """`albert preprocess` (services.preprocess.cli)."""
     from albert_core.corpus import FORMATS, ON_ERROR, SPLITS
     from albert_core.pairs import OBJECTIVES
-    from services.preprocess_cli import ON_ERROR_HELP, cmd_preprocess
+    from services.preprocess.cli import ON_ERROR_HELP, cmd_preprocess
 
     p = commands.add_parser("preprocess", help="corpora -> Parquet shards of SOP/NSP pair examples + manifest")
     set_default = "; with --append-to: the shard set's, and another value is refused"
@@ -328,8 +328,8 @@ def add_preprocess_command(commands: argparse._SubParsersAction) -> None:
 
 
 def add_finetune_command(commands: argparse._SubParsersAction) -> None:
-    """`albert finetune` (services.finetune)."""
-    from services.finetune import BASE_SEED, TASKS, add_custom_data_arguments, cmd_finetune
+    """`albert finetune` (services.finetune.run)."""
+    from services.finetune.run import BASE_SEED, TASKS, add_custom_data_arguments, cmd_finetune
 
     parser = commands.add_parser(
         "finetune",
@@ -366,8 +366,8 @@ def add_finetune_command(commands: argparse._SubParsersAction) -> None:
 
 
 def add_analyze_commands(commands: argparse._SubParsersAction) -> None:
-    """`albert analyze layers` (services.analyze)."""
-    from services.analyze import cmd_analyze_layers
+    """`albert analyze layers` (services.experiments.analyze)."""
+    from services.experiments.analyze import cmd_analyze_layers
 
     analyze = commands.add_parser("analyze", help="representation analysis").add_subparsers(
         dest="action", required=True
@@ -390,9 +390,9 @@ def add_analyze_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def add_experiment_commands(commands: argparse._SubParsersAction) -> None:
-    """`albert experiment run|table|report` (services.experiment, services.experiment_report)."""
-    from services.experiment import cmd_experiment_run, cmd_experiment_table
-    from services.experiment_report import cmd_experiment_report
+    """`albert experiment run|table|report` (services.experiments.run, services.experiments.report)."""
+    from services.experiments.report import cmd_experiment_report
+    from services.experiments.run import cmd_experiment_run, cmd_experiment_table
 
     experiment = commands.add_parser("experiment", help="ablation grids of pretraining runs").add_subparsers(
         dest="action", required=True

@@ -48,7 +48,10 @@ def run_checkpoint(root: Path, tokenizer_dir: Path | None, vocab_size: int = VOC
                           num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)  # fmt: skip
     save_model(checkpoint, AlbertForPreTraining(config))
     if tokenizer_dir is not None:
-        for name in ("spiece.model", "tokenizer_config.json"):  # what services.pipeline.keep_tokenizer_with_run copies
+        for name in (
+            "spiece.model",
+            "tokenizer_config.json",
+        ):  # what services.train.pretrain.keep_tokenizer_with_run copies
             shutil.copy2(tokenizer_dir / name, run / name)
     return checkpoint
 

@@ -20,7 +20,10 @@ from albert_core.checkpoint import save_model
 from albert_core.config import AlbertConfig
 from albert_core.model import AlbertForPreTraining
 from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
-from services.coordinator import (
+from services.eval.evaluate import UnknownTask
+from services.run.config import RunConfig
+from services.run.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger
+from services.train.coordinator import (
     METRICS_FILE,
     NAMESPACE,
     CorruptCheckpoint,
@@ -30,9 +33,6 @@ from services.coordinator import (
     run_status,
     verify_checkpoint,
 )
-from services.eval import UnknownTask
-from services.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger
-from services.run_config import RunConfig
 
 VOCAB = 64
 TOKEN = 9  # every held-out token: a model biased to it predicts every masked token right

@@ -15,14 +15,14 @@ from albert_core.config import AlbertConfig
 from albert_core.evaluation import HeldoutDocument, TokenIds, intrinsic_metrics, read_heldout
 from albert_core.model import AlbertForPreTraining
 from albert_core.shards import HELDOUT_SCHEMA
-from services.eval import (
+from services.eval.evaluate import (
     DOWNSTREAM_TASKS,
     IntrinsicOptions,
     UnknownTask,
     evaluate_checkpoint,
     register_downstream_task,
 )
-from services.run_config import RunConfig
+from services.run.config import RunConfig
 
 VOCAB = 64
 TOKENS = TokenIds(vocab_size=VOCAB)  # pad 0, unk 1, cls 2, sep 3, mask 4
@@ -249,7 +249,7 @@ def test_a_max_seq_length_beyond_the_model_positions_is_refused():
         evaluate(tiny_model(), random_documents(3), max_seq_length=128)
 
 
-# --- services.eval: the plain function `albert evaluate` uses, and the downstream registry ---------------------
+# --- services.eval.evaluate: the plain function `albert evaluate` uses, and the downstream registry ------------
 
 
 def saved_checkpoint(directory, step: int):

@@ -16,8 +16,8 @@ from albert_core.analysis import transition_roughness
 from albert_core.config import AlbertConfig, ConfigError, count_parameters
 from albert_core.files import atomic_write_bytes
 from albert_core.tokenization import MODEL_FILE, TokenizerTrainConfig, train_tokenizer
-from services.analyze import analyze_layers
-from services.experiment import (
+from services.experiments.analyze import analyze_layers
+from services.experiments.run import (
     RESULTS_CSV,
     RESULTS_MD,
     cell_fingerprint,
@@ -29,9 +29,9 @@ from services.experiment import (
     run_experiment,
     write_tables,
 )
-from services.experiment_spec import Cell, ExperimentSpec, cell_config, cell_name, final_checkpoint
-from services.report import read_metrics
-from services.run_config import RunConfig
+from services.experiments.spec import Cell, ExperimentSpec, cell_config, cell_name, final_checkpoint
+from services.run.config import RunConfig
+from services.run.report import read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()
@@ -429,10 +429,12 @@ def run_outputs(ray_local, tmp_path_factory):
     spec = ExperimentSpec.from_dict(data, source="e2e.toml")
     runner_evaluations = []  # held-out evaluations in this process (the coordinator's evaluator is another one)
     with pytest.MonkeyPatch.context() as patch:
-        import services.eval
+        import services.eval.evaluate
 
-        real = services.eval.evaluate_model
-        patch.setattr(services.eval, "evaluate_model", lambda *a, **k: runner_evaluations.append(1) or real(*a, **k))
+        real = services.eval.evaluate.evaluate_model
+        patch.setattr(
+            services.eval.evaluate, "evaluate_model", lambda *a, **k: runner_evaluations.append(1) or real(*a, **k)
+        )
         first = run_experiment(spec)
     (cell,) = spec.expand()
     run_dir = cell_config(spec, cell).run_dir
@@ -516,7 +518,7 @@ def test_the_run_writes_the_results_table(run_outputs):
 
 @pytest.mark.ray
 def test_the_report_of_a_real_cell_has_its_table_curves_and_layer_transitions(run_outputs, tmp_path):
-    from services.experiment_report import write_report
+    from services.experiments.report import write_report
 
     out = write_report([run_outputs["spec"]], tmp_path / "r.md", title="E2E", command="albert experiment report")
     text = out.read_text()
@@ -541,7 +543,7 @@ def test_analyze_layers_reads_our_checkpoint_on_its_heldout_documents(run_output
 def test_register_adds_analyze_layers_and_experiment_run_to_a_parser():
     import argparse
 
-    from services import experiment
+    from services.experiments import run as experiment
 
     parser = argparse.ArgumentParser(prog="albert")
     experiment.register(parser.add_subparsers(dest="command", required=True))

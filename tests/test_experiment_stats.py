@@ -1,4 +1,4 @@
-"""Seeds, statistics, claims and the report of experiment specs (services.experiment_stats, experiment_report),
+"""Seeds, statistics, claims and the report of experiment specs (services.experiments.stats, experiment_report),
 checked against scipy's t-tests and hand-computed values, on markers written as run_cell writes them."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from scipy import stats
 from albert_core.analysis import transition_roughness
 from albert_core.config import ConfigError
 from albert_core.files import atomic_write_bytes
-from services.experiment import cell_fingerprint, collect_results, marker_path
-from services.experiment_report import write_report
-from services.experiment_spec import ExperimentSpec, cell_config
-from services.experiment_stats import (
+from services.experiments.report import write_report
+from services.experiments.run import cell_fingerprint, collect_results, marker_path
+from services.experiments.spec import ExperimentSpec, cell_config
+from services.experiments.stats import (
     REPRODUCED,
     REVERSED,
     TOO_FEW,
@@ -227,7 +227,7 @@ def test_markers_go_to_cells_dir_when_the_spec_names_one(recipe, tmp_path):
 
 
 def test_the_time_of_a_spec_with_no_finished_cell_is_estimated_per_step_and_layer(recipe, tmp_path):
-    from services.experiment_report import time_rows
+    from services.experiments.report import time_rows
 
     done = spec_with_reference(recipe, tmp_path)  # 3 steps x 2 layers a cell
     for cell in done.expand():

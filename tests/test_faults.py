@@ -53,10 +53,10 @@ from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, example_id
 from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
-from services.coordinator import coordinator_name, get_or_create_coordinator, read_status
-from services.preprocess import PROGRESS_DIR, PreprocessConfig, run_preprocess
-from services.report import read_metrics
+from services.preprocess.run import PROGRESS_DIR, PreprocessConfig, run_preprocess
+from services.run.report import read_metrics
 from services.train import TRACE_ENV, run_pretraining
+from services.train.coordinator import coordinator_name, get_or_create_coordinator, read_status
 from services.train.state import TrainerState, latest_good, list_checkpoints, save_train_state, verify
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
 

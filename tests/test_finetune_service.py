@@ -1,4 +1,4 @@
-"""services.finetune: seeds as parallel Ray tasks, the median summary, ensembles, and the `albert finetune` command."""
+"""services.finetune.run: seeds as parallel Ray tasks, the median summary, ensembles, `albert finetune`."""
 
 import argparse
 import json
@@ -11,7 +11,7 @@ import pytest
 
 from albert_core.finetune_config import FinetuneConfig
 from services.cli import add_finetune_command as register
-from services.finetune import default_seeds, downstream_evaluator, run_downstream, seed_configs, seed_list
+from services.finetune.run import default_seeds, downstream_evaluator, run_downstream, seed_configs, seed_list
 from tests.test_finetuning import keyword_rows, tiny, write_sst2
 
 QUICK = {"lr": 1e-3, "batch_size": 16, "train_steps": 4, "warmup_steps": 1, "max_seq_length": 32}
@@ -59,7 +59,7 @@ def overrides_for(tok_dir: Path, **extra) -> dict:
 
 def test_task_names_are_those_of_albert_core():
     from albert_core.finetune_config import TASKS as CORE_TASKS
-    from services.finetune import TASKS
+    from services.finetune.run import TASKS
 
     assert TASKS == CORE_TASKS
 

@@ -13,7 +13,7 @@ import pytest
 from albert_core.shards import ShardsManifest
 from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.cli import main
-from services.run_config import RunConfig
+from services.run.config import RunConfig
 from services.train import STOP_ENV, read_metrics, run_pretraining
 from services.train.state import checkpoint_dir, read_trainer_json
 from services.train.worker import TRACE_ENV

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from services.health import divergence, plateau, stalled
-from services.ledger import RunLedger
-from services.run_config import RunConfig
-from services.run_log import read_metrics
+from services.run.config import RunConfig
+from services.run.health import divergence, plateau, stalled
+from services.run.ledger import RunLedger
+from services.run.log import read_metrics
 
 
 def test_a_plateau_is_the_last_evaluations_after_warmup_all_within_the_margin_of_the_floor():

@@ -8,9 +8,9 @@ import time
 import pytest
 import ray
 
-from services.coordinator import coordinator_name, get_or_create_coordinator
-from services.run_log import read_metrics
+from services.run.log import read_metrics
 from services.train import run_pretraining
+from services.train.coordinator import coordinator_name, get_or_create_coordinator
 from services.train.state import read_trainer_json
 from tests.test_train import run_config, write_heldout, write_shards
 

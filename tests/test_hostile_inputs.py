@@ -37,7 +37,7 @@ from albert_core.pairs import IGNORE_LABEL, OBJECTIVES, PairConfig, create_pairs
 from albert_core.sentences import split_sentences
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from albert_core.wikitext import strip_wikitext
-from services.run_config import RunConfig
+from services.run.config import RunConfig
 from services.train import optimizer_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"

@@ -1,4 +1,4 @@
-"""Job submission (services/jobs.py) against a real local multi-node Ray cluster with token auth on.
+"""Job submission (services/jobs/client.py) against a real local multi-node Ray cluster with token auth on.
 
 The module's cluster comes from scripts/local_cluster.sh with its own dir, ports and token; the script stops it by
 signalling the `ray start --block` processes it started (which kill what they launched), never with `ray stop`.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from services import jobs
+from services.jobs import client as jobs
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray
@@ -470,7 +470,7 @@ def test_rayjob_recipe_is_a_valid_run_config_on_the_shared_volume():
     import shlex
     import tomllib
 
-    from services.run_config import RunConfig
+    from services.run.config import RunConfig
 
     objects = _kuberay_objects()
     (job,) = [o for o in objects if o["kind"] == "RayJob"]
@@ -514,7 +514,7 @@ def test_a_submitted_tiny_pretraining_runs_to_completion_and_is_visible_through_
     import pyarrow.parquet as pq
 
     from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
-    from services.ledger import STATE_FILE, read_status
+    from services.run.ledger import STATE_FILE, read_status
     from tests.test_train import MODEL, write_shards
 
     shards = write_shards(tmp_path / "shards", (24,))

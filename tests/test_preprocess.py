@@ -23,14 +23,14 @@ from albert_core.sentences import split_sentences
 from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.cli import add_preprocess_command as register
-from services.preprocess import (
+from services.preprocess.run import (
     PROGRESS_DIR,
     PreprocessConfig,
     list_input_files,
     run_preprocess,
     stream_examples,
 )
-from services.preprocess_unit import heldout_hash, preprocess_sentences
+from services.preprocess.unit import heldout_hash, preprocess_sentences
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()

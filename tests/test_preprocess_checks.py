@@ -21,10 +21,10 @@ from albert_core.config import ConfigError
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.cli import add_preprocess_command, main
-from services.preprocess import PROGRESS_DIR, PreprocessConfig, run_preprocess
-from services.preprocess_checks import NoExamplesError
-from services.preprocess_cli import config_from_args
-from services.run_config import RunConfig
+from services.preprocess.checks import NoExamplesError
+from services.preprocess.cli import config_from_args
+from services.preprocess.run import PROGRESS_DIR, PreprocessConfig, run_preprocess
+from services.run.config import RunConfig
 from services.train.plan import plan_data
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from services.report import LiveView, read_metrics, write_report
+from services.run.report import LiveView, read_metrics, write_report
 
 
 def _write(run_dir, records):

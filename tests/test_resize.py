@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from albert_core.config import ConfigError
-from services.report import read_metrics
-from services.run_config import RunConfig
+from services.run.config import RunConfig
+from services.run.report import read_metrics
 from services.train import STOP_ENV
 from tests.test_faults import Fault, cluster, read_trace, shards, train_traced  # noqa: F401
 from tests.test_train import run_config

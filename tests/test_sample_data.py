@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from albert_core.corpus import FILTER_REASONS, Document, Skip, read_documents
-from services import sample_data
-from services.sample_data import SampleDataError, assemble_sample_corpus
+from services.data import sample as sample_data
+from services.data.sample import SampleDataError, assemble_sample_corpus
 
 offline = pytest.mark.skipif(
     os.environ.get("ALBERT_OFFLINE") == "1", reason="ALBERT_OFFLINE=1: no access to the npm / PyPI registries"

@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 import ray
 
-from services import pipeline, run_log, schedule_state
 from services.cli import main
-from services.ledger import RunLedger
-from services.run_config import RunConfig
-from services.schedule import start_runner
-from services.schedule_state import RESULT_KIND, ScheduleSpec
+from services.eval.schedule import start_runner
+from services.run import log as run_log
+from services.run import schedules
+from services.run.config import RunConfig
+from services.run.ledger import RunLedger
+from services.run.schedules import RESULT_KIND, ScheduleSpec
+from services.train import pretrain as pipeline
 from services.train import run_pretraining
 from tests.test_coordinator import write_checkpoint
 from tests.test_train import run_config, write_heldout, write_shards
@@ -68,7 +70,7 @@ def test_bad_arguments_are_one_line_naming_the_argument_and_exit_2(
         raise AssertionError("albert eval connected to Ray before checking its arguments")
 
     # Another test of the session may have started Ray in this process already: what must hold is that the refusal
-    # comes before the command connects (services.pipeline.connect is the one way it does).
+    # comes before the command connects (services.train.pretrain.connect is the one way it does).
     monkeypatch.setattr(pipeline, "connect", connect)
     ray_before = ray.is_initialized()
     paths = {"run": str(ledger_run.run_dir), "missing": str(tmp_path / "nowhere")}
@@ -82,24 +84,24 @@ def test_bad_arguments_are_one_line_naming_the_argument_and_exit_2(
 def test_eval_list_and_cancel_work_from_the_run_directory(ledger_run, capsys):
     assert main(["eval", "list", str(ledger_run.run_dir)]) == 0
     assert "no evaluation schedules" in capsys.readouterr().out
-    schedule_state.create_or_attach(ledger_run.run_dir, ScheduleSpec("every-4", 4, "/h"))
+    schedules.create_or_attach(ledger_run.run_dir, ScheduleSpec("every-4", 4, "/h"))
     assert main(["eval", "cancel", str(ledger_run.run_dir), "every-4"]) == 0
     assert main(["eval", "list", str(ledger_run.run_dir)]) == 0
     assert "every-4: every 4, 0 done" in capsys.readouterr().out
-    assert schedule_state.load(ledger_run.run_dir, "every-4").cancelled
+    assert schedules.load(ledger_run.run_dir, "every-4").cancelled
 
 
 # --- retention ---------------------------------------------------------------------------------------------------
 
 
 def test_retention_keeps_the_checkpoints_a_live_schedule_has_not_evaluated_yet(ledger_run):
-    schedule_state.create_or_attach(ledger_run.run_dir, ScheduleSpec("every-2", 2, "/h"))
+    schedules.create_or_attach(ledger_run.run_dir, ScheduleSpec("every-2", 2, "/h"))
     root = ledger_run.run_dir / "checkpoints"
     for step in (2, 3, 4, 5):
         ledger_run.checkpoint_saved(step, write_checkpoint(root / f"step_{step:08d}", step))
     assert [c.step for c in ledger_run.state.checkpoints] == [2, 4, 5]  # keep_last 1, and 2 and 4 held
 
-    schedule_state.update(ledger_run.run_dir, "every-2", lambda s: s.mark_done(2, "x"))
+    schedules.update(ledger_run.run_dir, "every-2", lambda s: s.mark_done(2, "x"))
     ledger_run.checkpoint_saved(7, write_checkpoint(root / "step_00000007", 7))
     assert [c.step for c in ledger_run.state.checkpoints] == [4, 7]  # 2 was evaluated: freed
 
@@ -118,15 +120,13 @@ def scheduled_run(ray_local, tmp_path_factory):
     run_dir = config.run_dir.resolve()
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_*")), 180, "the run's first checkpoint")
     spec = ScheduleSpec("every-4", 4, str((shards / "heldout" / "documents.parquet").resolve()), cpus=1.0)
-    schedule_state.create_or_attach(run_dir, spec)  # attached mid-run
+    schedules.create_or_attach(run_dir, spec)  # attached mid-run
     runner = start_runner(run_dir, "every-4", detached=False, poll_s=0.2)
-    wait_for(lambda: schedule_state.load(run_dir, "every-4").done, 180, "the schedule's first evaluation")
+    wait_for(lambda: schedules.load(run_dir, "every-4").done, 180, "the schedule's first evaluation")
     os.kill(ray.get(runner.pid.remote()), signal.SIGKILL)
-    killed_after = dict(schedule_state.load(run_dir, "every-4").done)
+    killed_after = dict(schedules.load(run_dir, "every-4").done)
     training.join(timeout=300)
-    state = wait_for(
-        lambda: (s := schedule_state.load(run_dir, "every-4")).complete and s, 180, "the schedule to complete"
-    )
+    state = wait_for(lambda: (s := schedules.load(run_dir, "every-4")).complete and s, 180, "the schedule to complete")
     return run_dir, state, killed_after
 
 
@@ -146,14 +146,14 @@ def test_a_complete_schedule_holds_no_checkpoint_and_shows_in_the_run_status(sch
     run_dir, _, _ = scheduled_run
     code = main(["status", str(run_dir)])
     assert code == 0
-    (summary,) = schedule_state.summaries(run_dir)
+    (summary,) = schedules.summaries(run_dir)
     assert summary["done"] == 3 and summary["last_step"] == 12 and summary["complete"]
-    assert schedule_state.held_steps(run_dir, [4, 8, 12]) == set()
+    assert schedules.held_steps(run_dir, [4, 8, 12]) == set()
 
 
 @pytest.mark.ray
 def test_the_report_plots_the_schedules_results(scheduled_run):
-    from services.report import write_report
+    from services.run.report import write_report
 
     run_dir, _, _ = scheduled_run
     report = write_report(run_dir).read_text()
@@ -162,7 +162,7 @@ def test_the_report_plots_the_schedules_results(scheduled_run):
 
 
 def test_submit_eval_makes_the_run_heldout_and_task_paths_absolute_under_the_uploaded_directory(tmp_path):
-    from services.submit_checks import prepare_job_args
+    from services.jobs.checks import prepare_job_args
 
     argv = ["schedule", "runs/x", "--every", "4", "--heldout=shards/h.parquet", "--task", "polarity"]
     args, notes = prepare_job_args("eval", [*argv, "--task-data", "data/p"], tmp_path)
@@ -176,7 +176,7 @@ def test_submit_eval_makes_the_run_heldout_and_task_paths_absolute_under_the_upl
 
 def test_submit_eval_passes_the_runs_relative_heldout_set_made_absolute(tmp_path):
     """A run trained here with a relative data.shards: the job, in the uploaded copy, could not find it."""
-    from services.submit_checks import prepare_job_args
+    from services.jobs.checks import prepare_job_args
 
     config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "data": {"shards": "shards"}})
     RunLedger(tmp_path / "r", "r", config.to_dict())

@@ -1,4 +1,4 @@
-"""An evaluation schedule's durable state (services.schedule_state): no Ray, real files."""
+"""An evaluation schedule's durable state (services.run.schedules): no Ray, real files."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import multiprocessing
 
 import pytest
 
-from services import run_log, schedule_state
-from services.schedule_state import RESULT_KIND, ScheduleSpec, ScheduleState
+from services.run import log as run_log
+from services.run import schedules
+from services.run.schedules import RESULT_KIND, ScheduleSpec, ScheduleState
 
 
 def spec(name: str = "every-10", every: int = 10, **fields) -> ScheduleSpec:
@@ -46,13 +47,13 @@ def test_a_step_already_done_is_never_named_missing_when_its_checkpoint_goes():
 
 
 def test_a_crash_between_the_result_line_and_the_record_neither_repeats_nor_loses_the_step(tmp_path):
-    schedule_state.create_or_attach(tmp_path, spec())
-    schedule_state.update(tmp_path, "every-10", lambda s: s.observe([10, 20], {}))
+    schedules.create_or_attach(tmp_path, spec())
+    schedules.update(tmp_path, "every-10", lambda s: s.observe([10, 20], {}))
     run_log.append(tmp_path, result_line("every-10", 10))  # appended, then the scheduler died before recording
-    assert schedule_state.load(tmp_path, "every-10").pending == [10, 20]
+    assert schedules.load(tmp_path, "every-10").pending == [10, 20]
 
     results = [r for r in run_log.read_metrics(tmp_path) if r["kind"] == RESULT_KIND]
-    state = schedule_state.update(tmp_path, "every-10", lambda s: s.reconcile(results))
+    state = schedules.update(tmp_path, "every-10", lambda s: s.reconcile(results))
     assert state.done == {10: "step_10"}
     assert state.pending == [20]
     assert state.unsettled([10, 20]) == [20]
@@ -74,40 +75,40 @@ def test_the_state_file_round_trips_through_json(tmp_path):
 
 
 def test_attaching_with_another_job_under_the_same_name_is_refused(tmp_path):
-    schedule_state.create_or_attach(tmp_path, spec(every=10))
-    _, created = schedule_state.create_or_attach(tmp_path, spec(every=10, cpus=0.0))  # CPUs may differ
+    schedules.create_or_attach(tmp_path, spec(every=10))
+    _, created = schedules.create_or_attach(tmp_path, spec(every=10, cpus=0.0))  # CPUs may differ
     assert not created
     with pytest.raises(ValueError, match="--name every-10: a schedule of that name exists"):
-        schedule_state.create_or_attach(tmp_path, spec(every=20))
+        schedules.create_or_attach(tmp_path, spec(every=20))
 
 
 def test_a_cancelled_schedule_holds_no_checkpoint_and_cannot_be_attached_again(tmp_path):
-    schedule_state.create_or_attach(tmp_path, spec())
-    assert schedule_state.held_steps(tmp_path, [10, 20, 25]) == {10, 20}
+    schedules.create_or_attach(tmp_path, spec())
+    assert schedules.held_steps(tmp_path, [10, 20, 25]) == {10, 20}
 
     def cancel(state):
         state.cancelled = True
 
-    schedule_state.update(tmp_path, "every-10", cancel)
-    assert schedule_state.held_steps(tmp_path, [10, 20, 25]) == set()
+    schedules.update(tmp_path, "every-10", cancel)
+    assert schedules.held_steps(tmp_path, [10, 20, 25]) == set()
     with pytest.raises(ValueError, match="cancelled"):
-        schedule_state.create_or_attach(tmp_path, spec())
+        schedules.create_or_attach(tmp_path, spec())
 
 
 def test_an_unreadable_schedule_file_holds_nothing_and_does_not_stop_a_status(tmp_path):
-    schedule_state.create_or_attach(tmp_path, spec("good"))
+    schedules.create_or_attach(tmp_path, spec("good"))
     (tmp_path / "schedules" / "bad.json").write_text("{")
-    assert schedule_state.held_steps(tmp_path, [10]) == {10}
-    assert [s["name"] for s in schedule_state.summaries(tmp_path)] == ["good"]
+    assert schedules.held_steps(tmp_path, [10]) == {10}
+    assert [s["name"] for s in schedules.summaries(tmp_path)] == ["good"]
 
 
 def test_a_schedule_name_with_a_path_separator_is_refused():
     with pytest.raises(ValueError, match="--name"):
-        schedule_state.check_name("../x")
+        schedules.check_name("../x")
 
 
 def _hold_the_run_lock(run_dir: str, ready, release) -> None:
-    with schedule_state.running(run_dir, "every-10") as held:
+    with schedules.running(run_dir, "every-10") as held:
         assert held
         ready.set()
         release.wait(30)
@@ -119,9 +120,9 @@ def test_only_one_process_runs_a_schedule_and_the_lock_goes_with_it(tmp_path):
     holder = context.Process(target=_hold_the_run_lock, args=(str(tmp_path), ready, release))
     holder.start()
     assert ready.wait(30)
-    with schedule_state.running(tmp_path, "every-10") as held:
+    with schedules.running(tmp_path, "every-10") as held:
         assert not held
     holder.kill()
     holder.join()
-    with schedule_state.running(tmp_path, "every-10") as held:
+    with schedules.running(tmp_path, "every-10") as held:
         assert held

@@ -15,7 +15,7 @@ from albert_core.config import AlbertConfig, ConfigError
 from albert_core.model import AlbertForPreTraining
 from albert_core.shards import write_random_shards
 from albert_core.stacking import block_map, check_init_source, load_stacked, stack_layers
-from services.run_config import RunConfig
+from services.run.config import RunConfig
 
 WIDTHS = dict(
     vocab_size=120,

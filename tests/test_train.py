@@ -18,7 +18,7 @@ from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.pairs import order_draw, reorder_pair
 from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
-from services.run_config import RunConfig
+from services.run.config import RunConfig
 from services.train import (
     STOP_ENV,
     TokenIds,

@@ -82,12 +82,12 @@ def nothing_slow_starts(monkeypatch):
     import ray
 
     import albert_core.finetuning
-    import services.eval
+    import services.eval.evaluate
 
     def started(*args, **kwargs):
         raise AssertionError("a slow start-up ran before the vocabulary was checked")
 
-    monkeypatch.setattr(services.eval, "_load", started)
+    monkeypatch.setattr(services.eval.evaluate, "_load", started)
     monkeypatch.setattr(albert_core.finetuning, "finetune", started)
     monkeypatch.setattr(ray, "init", started)
 

@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from services.report import read_metrics  # noqa: E402
+from services.run.report import read_metrics  # noqa: E402
 
 WINDOW = 50
 PATHS = {  # label -> [(cell, step offset), ...]

@@ -11,7 +11,7 @@ Where things are:
 - state.py    training checkpoints: model, optimizer, scheduler, data position, RNG, in plain files
 """
 
-from services.run_log import read_metrics
+from services.run.log import read_metrics
 from services.train.driver import TrainResult, run_pretraining
 from services.train.plan import COLUMNS, config_hash, pjrt_device_for, plan_data, resolve_token_ids
 from services.train.step import (

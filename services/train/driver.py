@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from albert_core.config import ConfigError
-from services.interrupt import run_interruptibly
-from services.run_config import RunConfig
-from services.run_log import METRICS_FILE, read_metrics
+from services.run.config import RunConfig
+from services.run.log import METRICS_FILE, read_metrics
+from services.train.interrupt import run_interruptibly
 from services.train.plan import (
     CHECKPOINTS_DIR,
     WorkerPlan,
@@ -118,7 +118,7 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
     """One TorchTrainer over the plan's workers (restarted by Ray up to train.max_failures times).
 
     The first Ctrl-C asks the workers, through the run's coordinator, to checkpoint at their next step and end;
-    a second one stops at once (services.interrupt). Workers Ray cannot place within train.startup_timeout_s
+    a second one stops at once (services.train.interrupt). Workers Ray cannot place within train.startup_timeout_s
     fail the run with a message naming the resources missing, instead of a silent retry loop.
     """
     import ray.train

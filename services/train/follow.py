@@ -15,7 +15,7 @@ from pathlib import Path
 from albert_core.config import ConfigError
 from albert_core.data_order import DataStream, ExampleOrder
 from albert_core.files import file_sha256
-from services.run_config import RunConfig
+from services.run.config import RunConfig
 from services.train.plan import ShardSet, read_shard_set
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from albert_core.files import CorruptCheckpoint
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR, ManifestError, ShardsManifest
 from albert_core.tokenization import SPECIAL_PIECES, TokenIds, Tokenizer
 from albert_core.unigram import UnigramBaseline, load_or_count
-from services.run_config import RunConfig, TrainSection
+from services.run.config import RunConfig, TrainSection
 from services.train.state import read_trainer_json
 
 log = logging.getLogger(__name__)

@@ -122,7 +122,7 @@ def save_train_state(
         trainer = {
             "format": FORMAT,
             "version": VERSION,
-            "step": state.step,  # also at the top level: readers that only want the step (services/eval.py)
+            "step": state.step,  # also at the top level: readers that only want the step (services/eval/evaluate.py)
             "state": dataclasses.asdict(state),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "optimizer": optimizer_json,

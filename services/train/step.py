@@ -28,7 +28,7 @@ from albert_core.tokenization import TokenIds
 from albert_core.unigram import UnigramBaseline
 
 if TYPE_CHECKING:  # plain dataclasses of the run config; read by attribute only
-    from services.run_config import DataSection, OptimSection
+    from services.run.config import DataSection, OptimSection
 
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over the workers in place (an all-reduce)
 

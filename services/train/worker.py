@@ -37,7 +37,7 @@ import torch
 from albert_core.data_order import DataStream
 from albert_core.optim import set_schedule_position, time_position
 from albert_core.unigram import UnigramBaseline
-from services.health import Finding, divergence
+from services.run.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
 from services.train.data import Prefetch, ShardRows, host_steps
 from services.train.follow import data_stream, newest_version

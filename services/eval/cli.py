@@ -1,0 +1,175 @@
+"""`albert eval schedule | list | cancel`: the CLI of evaluation schedules (eval.schedule, run.schedules).
+
+Every argument is checked before Ray starts (a bad one is one line naming it, exit 2). `schedule` creates the
+schedule's file (or attaches to the one of the same name and job) and starts its scheduler: on a cluster (--address,
+or RAY_ADDRESS inside a Ray job) a detached actor that outlives the command; on the embedded local Ray the command
+follows it until the schedule is complete (Ctrl-C stops it; the same command carries on later). `list` and
+`cancel` need only the run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from albert_core.shards import HELDOUT_FILE
+from services.run import schedules
+from services.run.schedules import RESULT_KIND, ScheduleSpec
+
+
+def schedule_spec(args: argparse.Namespace) -> tuple[Path, ScheduleSpec]:
+    """The run directory and the schedule asked for; raises ValueError / FileNotFoundError naming the argument."""
+    from services.eval.evaluate import check_tasks
+    from services.eval.schedule import run_config_of
+
+    run_dir = run_directory(args.run)
+    config = run_config_of(run_dir)
+    if args.every < 1:
+        raise ValueError(f"--every {args.every}: must be at least 1 (evaluate checkpoints whose step is a multiple)")
+    if len(args.task_data) != len(args.task):
+        raise ValueError(
+            f"--task-data: give one data directory per --task, in the same order ({len(args.task)} tasks, "
+            f"{len(args.task_data)} directories)"
+        )
+    task_data = [str(Path(d).resolve()) for d in args.task_data]
+    for task, directory in zip(args.task, task_data, strict=True):
+        if not Path(directory).is_dir():
+            raise FileNotFoundError(f"--task-data {directory}: no such directory (the data of --task {task})")
+    try:
+        check_tasks(args.task, dict(zip(args.task, task_data, strict=True)))
+    except ValueError as err:
+        raise ValueError(f"--task: {err}") from None
+    heldout = Path(args.heldout) if args.heldout else Path(config.data.shards) / HELDOUT_FILE
+    if not heldout.is_file():
+        where = "" if args.heldout else f" (the run's data.shards/{HELDOUT_FILE}; pass --heldout PATH)"
+        raise FileNotFoundError(f"--heldout {heldout}: no such file{where}")
+    if args.cpus < 0 or args.poll_s <= 0:
+        raise ValueError("--cpus must be >= 0 and --poll-s > 0")
+    name = args.name or default_name(args.every, args.task, args.heldout)
+    spec = ScheduleSpec(
+        name=schedules.check_name(name),
+        every=args.every,
+        heldout=str(heldout.resolve()),
+        tasks=tuple(args.task),
+        task_data=tuple(task_data),
+        task_seeds=args.task_seeds,
+        task_max_steps=args.task_max_steps,
+        cpus=args.cpus,
+    )
+    return run_dir, spec
+
+
+def run_directory(run: str) -> Path:
+    path = Path(run)
+    if not path.is_dir():
+        raise FileNotFoundError(f"RUN {run}: no such run directory")
+    return path.resolve()
+
+
+def default_name(every: int, tasks: list[str], heldout: str | None) -> str:
+    parts = [f"every-{every}", *tasks]
+    if heldout:
+        parts.append("heldout-" + hashlib.sha1(str(Path(heldout).resolve()).encode()).hexdigest()[:6])
+    return "-".join(parts)
+
+
+def cmd_eval_schedule(args: argparse.Namespace) -> int:
+    from services.eval.schedule import Scheduler, runner_name, start_runner
+    from services.train.pretrain import connect
+
+    run_dir, spec = schedule_spec(args)  # every check before Ray starts
+    state, created = schedules.create_or_attach(run_dir, spec)
+    print(f"schedule {spec.name} {'created' if created else 'attached'} on {run_dir}: {spec.describe()}")
+    on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
+    connect(args.address)
+    if args.once:
+        state = Scheduler(run_dir, spec.name, poll_s=args.poll_s).run(threading.Event(), once=True)
+        print(progress_line(state.summary()))
+        return 0
+    runner = start_runner(run_dir, spec.name, detached=on_cluster, poll_s=args.poll_s)
+    if on_cluster and not args.follow:
+        print(
+            f"its scheduler runs on the cluster (actor {runner_name(run_dir, spec.name)}); "
+            f"progress: albert eval list {args.run}; stop it: albert eval cancel {args.run} {spec.name}"
+        )
+        return 0
+    return follow(run_dir, spec.name, runner, poll_s=args.poll_s)
+
+
+def follow(run_dir: Path, name: str, runner: Any, *, poll_s: float) -> int:
+    """Print the schedule's results as they are appended, until it is complete or cancelled or its runner fails."""
+    from services.run import log as run_log
+
+    stop, error = threading.Event(), []
+    threading.Thread(target=_watch, args=(run_dir, name, runner, stop, error, poll_s), daemon=True).start()
+    for record in run_log.follow(run_dir, stop, poll_s=poll_s):
+        if record.get("kind") == RESULT_KIND and record.get("schedule") == name:
+            accuracies = "  ".join(f"{k} {record[k]:.4f}" for k in ("mlm_acc", "sop_acc") if k in record)
+            print(f"{name} @ step {record['step']}: {accuracies}", flush=True)
+    summary = schedules.load(run_dir, name).summary()
+    print(progress_line(summary))
+    if error:
+        print(f"albert: error: the scheduler of {name} failed: {error[0]}")
+        return 1
+    return 0
+
+
+def _watch(run_dir: Path, name: str, runner: Any, stop: threading.Event, error: list[str], poll_s: float) -> None:
+    import ray
+    from ray.exceptions import RayError
+
+    while not stop.is_set():
+        time.sleep(poll_s)
+        try:
+            progress = ray.get(runner.progress.remote(), timeout=60)
+        except RayError:  # the runner ended itself: the schedule is complete or cancelled
+            progress = {"error": None, "complete": True}
+        if progress["error"]:
+            error.append(progress["error"])
+        if progress["error"] or not schedules.load(run_dir, name).active():
+            stop.set()
+
+
+def progress_line(s: dict[str, Any]) -> str:
+    state = "cancelled" if s["cancelled"] else "complete" if s["complete"] else "live" if s.get("live") else "idle"
+    line = (
+        f"{s['name']}: every {s['every']}, {s['done']} done, {s['pending']} pending, {s['missing']} missing, "
+        f"{s['failed']} failed, last evaluated step {s['last_step']} ({state})"
+    )
+    for step, why in {**s["missing_steps"], **s["failed_steps"]}.items():
+        line += f"\n  step {step}: {why}"
+    return line
+
+
+def cmd_eval_list(args: argparse.Namespace) -> int:
+    summaries = schedules.summaries(run_directory(args.run))
+    if not summaries:
+        print(f"no evaluation schedules on {args.run}")
+    for summary in summaries:
+        print(progress_line(summary))
+    return 0
+
+
+def cmd_eval_cancel(args: argparse.Namespace) -> int:
+    run_dir = run_directory(args.run)
+
+    def cancel(state: schedules.ScheduleState) -> None:
+        state.cancelled = True
+
+    state = schedules.update(run_dir, schedules.check_name(args.name), cancel)
+    stopped = False
+    if args.address:
+        from services.eval.schedule import stop_runner
+        from services.train.pretrain import connect
+
+        connect(args.address)
+        stopped = stop_runner(run_dir, args.name)
+    how = "its scheduler was stopped" if stopped else "its scheduler stops at its next poll"
+    print(f"cancelled {args.name} ({state.summary()['done']} evaluated); {how}; the checkpoints it held are freed at "
+          "the run's next retention")  # fmt: skip
+    return 0

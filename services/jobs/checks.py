@@ -1,0 +1,123 @@
+"""What `albert submit pretrain` (and `albert submit eval`) checks on the submitting machine, before anything is
+uploaded.
+
+A job runs in a copy of the working directory unpacked on the head node, without `.cache`, `data` or `runs`
+(services.jobs.client.EXCLUDES). Two things a user meets there are fixed here instead of on the cluster:
+- the recipe is loaded and validated with its `--set` overrides, so a config error costs one line and no upload;
+- every relative path of the run (data.shards, run.output_dir, model.init_from, eval.task_data, --resume) is made
+  absolute against the working directory, where the user meant it, and passed on with `--set`. On a real cluster
+  that directory is a shared mount every node sees at the same path (deploy.md, "Storage").
+`albert submit eval ...` gets the same for its paths (the run directory, --heldout, --task-data): they are parsed
+and made absolute in place.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from albert_core.config import ConfigError
+
+PATH_FIELDS = ("data.shards", "run.output_dir", "model.init_from")
+
+
+def prepare_job_args(kind: str, args: list[str], working_dir: str | Path) -> tuple[list[str], list[str]]:
+    """(the job's arguments to submit, one note per path made absolute); `pretrain` and `eval` jobs are rewritten."""
+    if kind not in ("pretrain", "eval") or "://" in str(working_dir):
+        return list(args), []
+    if kind == "eval":
+        return prepare_eval_args(args, Path(working_dir).resolve())
+    return prepare_pretrain_args(args, Path(working_dir).resolve())
+
+
+def prepare_eval_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:
+    """`eval schedule|list|cancel RUN ...`: the run directory, --heldout and --task-data made absolute under root."""
+    from services.cli import build_parser
+
+    options = build_parser().parse_args(["eval", *args])  # a usage error stops here, before the upload
+    paths = [options.run, getattr(options, "heldout", None), *getattr(options, "task_data", [])]
+    absolute = {path: _absolute(path, root) for path in paths if path}
+    out, notes = [], []
+    for arg in args:
+        flag, sep, value = arg.partition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+        new = absolute.get(value, value)
+        out.append(f"{flag}{sep}{new}" if sep else new)
+        if new != value:
+            notes.append(f"{value} -> {new}")
+    if options.action == "schedule" and not options.heldout:
+        heldout = _default_heldout(Path(absolute[options.run]), root)
+        if heldout is not None:  # the run's data.shards is relative to where it was trained: here
+            out.append(f"--heldout={heldout}")
+            notes.append(f"--heldout: the run's held-out set, {heldout}")
+    return out, notes
+
+
+def _default_heldout(run_dir: Path, root: Path) -> str | None:
+    """The run's <data.shards>/heldout/documents.parquet made absolute under root, when data.shards is relative and
+    the run directory is readable here; None otherwise (the job reads the run's config itself)."""
+    from albert_core.shards import HELDOUT_FILE
+    from services.eval.schedule import run_config_of
+
+    try:
+        shards = run_config_of(run_dir).data.shards
+    except (FileNotFoundError, ValueError):
+        return None
+    return None if _absolute(shards, root) == shards else str(Path(_absolute(shards, root)) / HELDOUT_FILE)
+
+
+def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:
+    from services.cli import build_parser, parse_sets
+    from services.run.config import RunConfig
+
+    options = build_parser().parse_args(["pretrain", *args])
+    config_path = _recipe_in(root, options.config)
+    overrides = parse_sets(options.set)
+    resume = options.resume
+    if resume and not Path(resume).is_absolute():
+        resume = str((root / resume).resolve())
+    if resume:
+        overrides.update({"run.name": Path(resume).name, "run.output_dir": str(Path(resume).parent)})
+    config = RunConfig.load(config_path, overrides)  # raises ConfigError: one line, nothing uploaded
+    extra, notes = [], []
+    for dotted in PATH_FIELDS:
+        section, key = dotted.split(".")
+        value = getattr(getattr(config, section), key)
+        absolute = _absolute(value, root)
+        if absolute != value:
+            extra += ["--set", f"{dotted}={json.dumps(absolute)}"]
+            notes.append(f"{dotted}: {value} -> {absolute}")
+    task_data = {task: _absolute(directory, root) for task, directory in config.eval.task_data.items()}
+    if task_data != config.eval.task_data:
+        inline = ", ".join(f"{json.dumps(task)} = {json.dumps(path)}" for task, path in task_data.items())
+        extra += ["--set", f"eval.task_data={{{inline}}}"]
+        notes.append(f"eval.task_data: made absolute under {root}")
+    if resume != options.resume:
+        args = [resume if arg == options.resume else arg for arg in args]
+        notes.append(f"--resume: {options.resume} -> {resume}")
+    return [*args, *extra], notes
+
+
+def _recipe_in(root: Path, name: str) -> Path:
+    """The recipe file as the job will find it: a shipped name, an absolute path (on a mount the cluster shares),
+    or a relative path inside the uploaded directory; a relative path outside it would not exist there."""
+    from services.run.config import resolve_config_path
+
+    if Path(name).is_absolute():
+        return resolve_config_path(name)
+    inside = root / name
+    path = inside if inside.is_file() else resolve_config_path(name)
+    try:
+        path.resolve().relative_to(root)
+    except ValueError:
+        raise ConfigError(
+            f"--config {name}: {path.resolve()} is outside the working directory {root}, which is all the job gets; "
+            "put the recipe under it (e.g. configs/), give an absolute path on a mount the cluster shares, or pass "
+            "--working-dir"
+        ) from None
+    return path
+
+
+def _absolute(value: str, root: Path) -> str:
+    if not value or "://" in value or Path(value).is_absolute():
+        return value
+    return str((root / value).resolve())

@@ -1,0 +1,434 @@
+"""Run albert commands on a Ray cluster through the Ray Jobs API: submit, list, status, logs, stop.
+
+A job is `python -m services.cli KIND ARGS...` run on the cluster's head node, in a copy of the local working
+directory that Ray packages and uploads (the runtime_env "working_dir", without venvs, caches, corpora, runs or
+.git). `python -m` makes the uploaded code win over any albert installed on the cluster.
+
+Security defaults (deploy.md, "Security"):
+- The job server runs arbitrary code for whoever can reach it, so a plain-http address must be loopback
+  (127.0.0.0/8, localhost, ::1): reach a remote cluster through an SSH tunnel or `kubectl port-forward`, or use
+  https. `allow_insecure=True` (`--allow-insecure-http`) overrides this.
+- Ray token auth: the token comes from where Ray itself looks (RAY_AUTH_TOKEN, then the file named by
+  RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token) or from `token_file`, and is sent as an Authorization header.
+  RAY_AUTH_MODE=disabled sends none; RAY_AUTH_MODE=token without a token is an error. The token is never printed,
+  logged, put in an entrypoint or in a runtime_env (which anyone who can list jobs can read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from argparse import _SubParsersAction
+
+# Commands that make sense as cluster jobs. `model` (e.g. `model info`) is a cheap smoke test of a cluster.
+JOB_KINDS = (
+    *("preprocess", "pretrain", "finetune", "evaluate", "eval", "experiment", "analyze", "tokenizer", "model"),
+    "status",  # a run's state as the cluster sees it, when its run directory is not mounted where you are
+)
+# Never uploaded with the working dir (gitignore syntax, relative to it): environments, caches, corpora, outputs.
+EXCLUDES = [
+    ".git",
+    ".venv",
+    ".venv-*",
+    ".cache",
+    "data",
+    "runs",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".hypothesis",
+    "bench/results",
+    "*.safetensors",
+]
+TERMINAL_STATUSES = ("SUCCEEDED", "FAILED", "STOPPED")
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # the order the `ray job` CLI uses
+
+
+class JobsError(ValueError):
+    """A job request that cannot be made or that the cluster refused (the CLI prints it and exits 2)."""
+
+
+class InsecureAddressError(JobsError):
+    pass
+
+
+class JobFailedError(JobsError):
+    def __init__(self, job_id: str, status: str, message: str):
+        super().__init__(f"job {job_id} ended {status}: {message}")
+        self.job_id, self.status = job_id, status
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    status: str
+    entrypoint: str
+    start_time: float | None  # seconds since the epoch
+    end_time: float | None
+    message: str
+
+
+# --- address and token ---------------------------------------------------------------------------------
+
+
+def default_address(environ: Mapping[str, str] | None = None) -> str:
+    environ = os.environ if environ is None else environ
+    for name in ADDRESS_ENVS:
+        if environ.get(name):
+            return environ[name]
+    raise JobsError(
+        "no job server address: pass --address http://127.0.0.1:8265 (the Ray dashboard port, e.g. through an SSH "
+        "tunnel) or set RAY_ADDRESS"
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a DNS name: never trusted to be local
+        return False
+
+
+def check_address(address: str, *, allow_insecure: bool = False) -> str:
+    """The job server URL without a trailing slash; refuses plain http to a host that is not loopback."""
+    parts = urlsplit(address)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise JobsError(
+            f"job server address {address!r}: expected http://HOST:PORT or https://HOST:PORT (the dashboard port, "
+            "8265 by default), not a GCS address (HOST:6379) or ray://"
+        )
+    if parts.scheme == "http" and not is_loopback(parts.hostname) and not allow_insecure:
+        raise InsecureAddressError(
+            f"refusing plain http to {parts.hostname}: anyone on the path could read the cluster token and submit "
+            "code that runs on the cluster. Reach the job server through an SSH tunnel (ray dashboard CLUSTER.yaml, "
+            "or ssh -L 8265:localhost:8265 HEAD) or kubectl port-forward and use http://127.0.0.1:8265, or put it "
+            "behind https. --allow-insecure-http overrides this on a network you trust."
+        )
+    return address.rstrip("/")
+
+
+def _read_token_file(path: Path, origin: str) -> str:
+    try:
+        token = path.expanduser().read_text().strip()
+    except OSError as err:
+        raise JobsError(f"{origin}: cannot read token file {path}: {err.strerror}") from None
+    if not token:
+        raise JobsError(f"{origin}: token file {path} is empty")
+    return token
+
+
+def resolve_token(token_file: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The Ray auth token to send, looked up as Ray looks it up; None when there is none (or auth is disabled)."""
+    environ = os.environ if environ is None else environ
+    if token_file is not None:
+        return _read_token_file(Path(token_file), "--token-file")
+    mode = environ.get(AUTH_MODE_ENV, "").strip().lower()
+    if mode == "disabled":
+        return None
+    if mode not in ("", "token"):
+        raise JobsError(f"{AUTH_MODE_ENV}: expected 'token' or 'disabled', got {environ[AUTH_MODE_ENV]!r}")
+    if environ.get(TOKEN_ENV, "").strip():
+        return environ[TOKEN_ENV].strip()
+    if environ.get(TOKEN_PATH_ENV):
+        return _read_token_file(Path(environ[TOKEN_PATH_ENV]), TOKEN_PATH_ENV)
+    default = Path.home() / ".ray" / "auth_token"
+    if default.is_file():
+        return _read_token_file(default, "default token file")
+    if mode == "token":
+        raise JobsError(
+            f"{AUTH_MODE_ENV}=token but no token found: set {TOKEN_PATH_ENV} to the cluster's token file, set "
+            f"{TOKEN_ENV}, write it to ~/.ray/auth_token, or pass --token-file"
+        )
+    return None
+
+
+def connect(
+    address: str | None = None,
+    *,
+    token_file: str | os.PathLike | None = None,
+    allow_insecure: bool = False,
+    environ: Mapping[str, str] | None = None,
+):
+    """A `ray.job_submission.JobSubmissionClient` for the job server, with the token header when there is one."""
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    address = check_address(address or default_address(environ), allow_insecure=allow_insecure)
+    token = resolve_token(token_file, environ)
+    if token and address.startswith("http://") and not is_loopback(urlsplit(address).hostname or ""):
+        print("albert: warning: sending the cluster token over plain http (--allow-insecure-http)", file=sys.stderr)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:
+        return JobSubmissionClient(address, headers=headers)
+    except AuthenticationError:
+        raise JobsError(_auth_refused(address, token is not None)) from None
+    except (ConnectionError, RuntimeError) as err:
+        raise JobsError(f"cannot reach the Ray job server at {address}: {_first_line(err)}") from None
+
+
+def _auth_refused(address: str, sent_token: bool) -> str:
+    what = "rejected the token sent" if sent_token else "requires a token and none was found"
+    return (
+        f"the job server at {address} {what}: put the cluster's token in a file and set {TOKEN_PATH_ENV}=FILE "
+        "(or pass --token-file FILE); on the head node `ray get-auth-token` prints it"
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _call(client, method: str, *args: Any, **kwargs: Any):
+    """client.method(...), with Ray's errors turned into one-line JobsErrors."""
+    from ray.exceptions import AuthenticationError
+
+    try:
+        return getattr(client, method)(*args, **kwargs)
+    except AuthenticationError:
+        raise JobsError("the job server refused the request: missing or wrong cluster token") from None
+    except (ConnectionError, RuntimeError) as err:
+        raise JobsError(f"{method.replace('_', ' ')} failed: {_first_line(err)}") from None
+
+
+# --- submission ----------------------------------------------------------------------------------------
+
+
+def build_entrypoint(kind: str, args: list[str]) -> str:
+    if kind not in JOB_KINDS:
+        raise JobsError(f"job kind {kind!r}: expected one of {', '.join(JOB_KINDS)}")
+    return shlex.join(["python", "-m", "services.cli", kind, *args])
+
+
+def build_runtime_env(working_dir: str | os.PathLike = ".", extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """runtime_env with the working dir packaged (EXCLUDES left out); `extra` adds env_vars, pip, excludes..."""
+    extra = dict(extra or {})
+    working_dir = str(extra.pop("working_dir", working_dir))
+    if "://" not in working_dir and not Path(working_dir).is_dir():
+        raise JobsError(f"working_dir {working_dir!r}: not a directory")
+    env = {"working_dir": working_dir, "excludes": [*EXCLUDES, *extra.pop("excludes", [])]}
+    env_vars = extra.get("env_vars", {})
+    if not (isinstance(env_vars, dict) and all(isinstance(v, str) for v in env_vars.values())):
+        raise JobsError(f"runtime_env.env_vars: expected a mapping of names to strings, got {env_vars!r}")
+    if TOKEN_ENV in env_vars:
+        raise JobsError(f"runtime_env.env_vars.{TOKEN_ENV}: refused; the cluster's nodes hold the token already")
+    env.update(extra)
+    return env
+
+
+def submit_entrypoint(
+    entrypoint: str,
+    *,
+    address: str | None = None,
+    working_dir: str | os.PathLike = ".",
+    runtime_env: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, str] | None = None,
+    token_file: str | os.PathLike | None = None,
+    allow_insecure: bool = False,
+    wait: bool = False,
+    timeout_s: float | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """Submit a shell command as a Ray job; returns the job id. `wait` blocks until it ends, and raises
+    JobFailedError unless it SUCCEEDED."""
+    env = build_runtime_env(working_dir, runtime_env)
+    token = resolve_token(token_file, environ)
+    if token and (token in entrypoint or token in json.dumps(env)):
+        raise JobsError("refusing to submit: the cluster token would be stored in the job's entrypoint/runtime_env")
+    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    job_id = _call(client, "submit_job", entrypoint=entrypoint, runtime_env=env, metadata=dict(metadata or {}))
+    if wait:
+        status = _wait(client, job_id, timeout_s)
+        if status != "SUCCEEDED":
+            raise JobFailedError(job_id, status, _call(client, "get_job_info", job_id).message or "")
+    return job_id
+
+
+def submit(
+    kind: str,
+    args: list[str],
+    *,
+    address: str | None = None,
+    working_dir: str | os.PathLike = ".",
+    runtime_env: Mapping[str, Any] | None = None,
+    token_file: str | os.PathLike | None = None,
+    allow_insecure: bool = False,
+    wait: bool = False,
+    timeout_s: float | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """Submit `albert KIND ARGS...` (e.g. submit("pretrain", ["--config", "configs/tiny.toml"])); returns the id."""
+    return submit_entrypoint(
+        build_entrypoint(kind, list(args)),
+        address=address,
+        working_dir=working_dir,
+        runtime_env=runtime_env,
+        metadata={"albert_kind": kind},
+        token_file=token_file,
+        allow_insecure=allow_insecure,
+        wait=wait,
+        timeout_s=timeout_s,
+        environ=environ,
+    )
+
+
+def _wait(client, job_id: str, timeout_s: float | None, poll_s: float = 0.5) -> str:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        status = str(_call(client, "get_job_status", job_id).value)
+        if status in TERMINAL_STATUSES:
+            return status
+        if deadline is not None and time.monotonic() > deadline:
+            raise JobsError(f"job {job_id} still {status} after {timeout_s:g}s")
+        time.sleep(poll_s)
+
+
+# --- inspection ----------------------------------------------------------------------------------------
+
+
+def list_jobs(
+    *,
+    address: str | None = None,
+    token_file: str | os.PathLike | None = None,
+    allow_insecure: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> list[JobRecord]:
+    """Submitted jobs, oldest first."""
+    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    records = [_record(info) for info in _call(client, "list_jobs") if info.submission_id]
+    return sorted(records, key=lambda r: r.start_time or 0.0)
+
+
+def job_status(
+    job_id: str,
+    *,
+    address: str | None = None,
+    token_file: str | os.PathLike | None = None,
+    allow_insecure: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> JobRecord:
+    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    return _record(_call(client, "get_job_info", job_id))
+
+
+def job_logs(
+    job_id: str,
+    *,
+    follow: bool = False,
+    out: TextIO | None = None,
+    address: str | None = None,
+    token_file: str | os.PathLike | None = None,
+    allow_insecure: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """The job's driver output so far; with `follow`, stream it to `out` (stdout) until the job ends."""
+    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    if not follow:
+        return _call(client, "get_job_logs", job_id)
+    out = sys.stdout if out is None else out
+    chunks: list[str] = []
+
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            chunks.append(chunk)
+            out.write(chunk)
+            out.flush()
+
+    try:
+        asyncio.run(tail())
+    except Exception as err:  # aiohttp's errors: the connection dropped or the server refused the websocket
+        raise JobsError(f"following the logs of {job_id} failed: {_first_line(err)}") from None
+    return "".join(chunks)
+
+
+def stop_job(
+    job_id: str,
+    *,
+    wait: bool = False,
+    timeout_s: float | None = 60.0,
+    address: str | None = None,
+    token_file: str | os.PathLike | None = None,
+    allow_insecure: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """Ask the job to stop (SIGTERM, then SIGKILL after Ray's grace period); returns its status (after it ended,
+    with `wait`)."""
+    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    _call(client, "stop_job", job_id)
+    if wait:
+        return _wait(client, job_id, timeout_s)
+    return str(_call(client, "get_job_status", job_id).value)
+
+
+def _record(info) -> JobRecord:
+    ms = lambda t: t / 1000.0 if t else None
+    return JobRecord(
+        job_id=info.submission_id or info.job_id or "",
+        status=str(info.status.value),
+        entrypoint=info.entrypoint or "",
+        start_time=ms(info.start_time),
+        end_time=ms(info.end_time),
+        message=info.message or "",
+    )
+
+
+# --- `albert submit`'s command line (services.cli parses it) ---------------------------------------------
+
+# Submit options that may also follow KIND and its arguments (`albert submit pretrain --config c.toml --address
+# URL --wait`); everything after a `--` goes to the job untouched.
+_VALUE_OPTIONS = ("--address", "--token-file", "--working-dir", "--env")
+_FLAG_OPTIONS = ("--wait", "--allow-insecure-http")
+
+
+def split_submit_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """(submit's own options, the job's arguments) from what follows KIND on the command line."""
+    own: list[str] = []
+    job: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0]
+        if arg == "--":
+            job.extend(args[i + 1 :])
+            break
+        if arg in _FLAG_OPTIONS:
+            own.append(arg)
+        elif name in _VALUE_OPTIONS and "=" in arg:
+            own.append(arg)
+        elif arg in _VALUE_OPTIONS:
+            if i + 1 >= len(args):
+                raise JobsError(f"{arg}: expected a value")
+            own.extend(args[i : i + 2])
+            i += 1
+        else:
+            job.append(arg)
+        i += 1
+    return own, job
+
+
+def register(commands: _SubParsersAction) -> None:
+    """Add `albert submit` and `albert jobs list|status|logs|stop` to `commands` as `albert` has them.
+
+    The parsers and their handlers are in services.jobs.cli; this stays for callers that build a parser of their
+    own (tests/test_jobs.py).
+    """
+    from services import jobs_cli
+
+    jobs_cli.add_jobs_commands(commands)

@@ -1,0 +1,151 @@
+"""`albert preprocess --append-to SHARDS --input ...`: a corpus added to a finished shard set as its next part.
+
+The part is planned like a plain preprocess and run by the same `run_preprocess`, with the set's tokenizer and the
+set's shape options (objective, lengths, seed, held-out fraction, document groups: what decides an example; one
+given on the command line must equal the set's). Its units are numbered after the set's shards, so its shard
+files continue the numbering in train/ and its example ids are new; its progress is in .progress/part-<k>/ (an
+interrupted append resumes when the same command is rerun), its held-out documents in heldout/part-<k>.parquet
+(heldout/documents.parquet stays part 0's, so held-out evaluation stays comparable across an append). manifest.json
+gains the part only when every shard of it is written (services.preprocess.manifest.commit_part): the commit point.
+
+Refused before Ray, each in one line naming the option or file: a SHARDS without manifest.json, --output other than
+SHARDS, a tokenizer of another sha256, a shape option that differs from the set's, an input file already in a part
+of the set, a part name the set already has, a .progress/part-<k>/ claimed by an unfinished append of other inputs.
+The part index is read and its folder claimed under the set's manifest lock, so concurrent appends never share one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from albert_core.files import file_lock
+from albert_core.shards import MANIFEST_FILE, ShardsManifest
+from services.preprocess.checks import check_output, check_tokenizer
+from services.preprocess.cli import SHAPE_FLAGS, build_config
+from services.preprocess.manifest import stored_parts
+from services.preprocess.run import (
+    PreprocessConfig,
+    PreprocessJob,
+    _Layout,
+    claim_plan,
+    list_input_files,
+    plan_fingerprint,
+    plan_units,
+)
+
+if TYPE_CHECKING:
+    from argparse import Namespace
+
+    from albert_core.tokenization import Tokenizer
+    from services.preprocess.run import InputFile
+
+# The options that decide the examples' shape: an appended part takes the set's (the command line has SHAPE_FLAGS).
+SHAPE = (*SHAPE_FLAGS, "docs_per_group", "max_document_chars")
+
+
+def plan_append(args: Namespace) -> tuple[PreprocessConfig, PreprocessJob]:
+    """The config and job of an `--append-to` command line, everything checked before Ray (ValueError naming the
+    option or file)."""
+    root = args.append_to
+    if args.output is not None and Path(args.output).resolve() != Path(root).resolve():
+        raise ValueError(f"--output {args.output}: not with --append-to {root} (the part is written into the set)")
+    shard_set = read_shard_set(root)
+    shape = set_shape(shard_set, {name: getattr(args, name) for name in SHAPE_FLAGS})
+    config = build_config(args, set_tokenizer(shard_set, args.tokenizer), root, shape)
+    check_output(root)
+    tokenizer = check_tokenizer(config)
+    check_same_tokenizer(tokenizer, shard_set, args.tokenizer)
+    files = list_input_files(config)
+    return config, claim_part(config, tokenizer, files, args.part_name)
+
+
+def read_shard_set(root: str) -> ShardsManifest:
+    if not (Path(root) / MANIFEST_FILE).is_file():
+        raise ValueError(
+            f"--append-to {root}: no {MANIFEST_FILE}, so not a finished shard set (albert preprocess writes it last; "
+            "rerun the preprocess that made it to finish it)"
+        )
+    return ShardsManifest.read(root)
+
+
+def set_shape(shard_set: ShardsManifest, given: dict[str, Any]) -> dict[str, Any]:
+    """The set's shape options; one given on the command line (not None) that differs is a ValueError naming it."""
+    made = shard_set.data.get("config") or {}
+    defaults = {f.name: f.default for f in fields(PreprocessConfig)}
+    shape = {name: made.get(name, defaults[name]) for name in SHAPE}
+    for name, flag in SHAPE_FLAGS.items():
+        if given[name] is not None and given[name] != shape[name]:
+            raise ValueError(
+                f"{flag} {given[name]}: the shard set {shard_set.directory} was made with {flag} {shape[name]}, and "
+                f"an appended part takes the set's (leave {flag} out)"
+            )
+    return shape
+
+
+def set_tokenizer(shard_set: ShardsManifest, given: str | None) -> str:
+    """--tokenizer, or the tokenizer model the set's manifest names."""
+    if given is not None:
+        return given
+    model = shard_set.tokenizer_model()
+    if model is None:
+        named = (shard_set.data.get("tokenizer") or {}).get("path")
+        raise ValueError(f"--append-to {shard_set.directory}: its tokenizer {named} is not found; give --tokenizer")
+    return str(model)
+
+
+def check_same_tokenizer(tokenizer: Tokenizer, shard_set: ShardsManifest, given: str | None) -> None:
+    recorded = shard_set.tokenizer_sha256
+    if tokenizer.sha256 == recorded:
+        return
+    what = f"--tokenizer {given}" if given is not None else f"the shard set's tokenizer {tokenizer.name}"
+    raise ValueError(
+        f"{what}: sha256 {tokenizer.sha256}, but the shard set {shard_set.directory} was tokenized with sha256 "
+        f"{recorded}; an appended part must use the set's tokenizer"
+    )
+
+
+def claim_part(
+    config: PreprocessConfig, tokenizer: Tokenizer, files: list[InputFile], name: str | None
+) -> PreprocessJob:
+    """Under the set's manifest lock: its parts re-read, the inputs and the part name checked against them, the
+    units numbered after its shards, and .progress/part-<k>/ claimed for this plan."""
+    root = config.output
+    with file_lock(_Layout(root).lock):
+        shard_set = read_shard_set(root)
+        parts = shard_set.parts
+        check_new_inputs(files, shard_set)
+        k = len(parts)
+        name = name if name is not None else f"part-{k}"
+        for part in parts:
+            if part.name == name:
+                raise ValueError(
+                    f'--part-name {name}: the shard set {root} already has a part "{name}" (part {part.index})'
+                )
+        units = plan_units(files, config.shard_input_bytes, first=sum(len(part.shards) for part in parts))
+        fingerprint = plan_fingerprint(config, tokenizer, units)
+        layout = _Layout(root, k)
+        refused = (
+            f"{layout.progress}: holds an unfinished append of part {k} with other inputs, input sizes or options; "
+            "rerun the same command or delete it"
+        )
+        claim_plan(layout, config, fingerprint, units, refused)
+    return PreprocessJob(tokenizer, tuple(units), fingerprint, part=k, name=name)
+
+
+def check_new_inputs(files: list[InputFile], shard_set: ShardsManifest) -> None:
+    """ValueError naming the first input file that a part of the set already holds (a corpus appended twice would
+    be trained on twice)."""
+    owners = {
+        path: (k, part["name"])
+        for k, part in enumerate(stored_parts(shard_set.data))
+        for shard in part["shards"]
+        for path in shard["files"]
+    }
+    for f in files:
+        if f.path in owners:
+            k, name = owners[f.path]
+            raise ValueError(
+                f'input file {f.path}: already in part {k} "{name}" of the shard set {shard_set.directory}'
+            )

@@ -1,0 +1,113 @@
+"""What `albert preprocess` checks before Ray starts, so that a mistake costs a second, not Ray's start-up: the
+command line's numbers, each input (one that matches nothing is an error unless missing inputs are skipped),
+the tokenizer (it loads; --max-seq-length within its model_max_length) and the output directory. And, after the
+run, that it made training examples at all: a run without any is an error, never an empty shard set.
+
+Pure Python: no Ray, and nothing here writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+
+if TYPE_CHECKING:
+    from argparse import Namespace
+
+    from albert_core.tokenization import Tokenizer
+    from services.preprocess.run import PreprocessConfig
+
+EXPECTED_INPUT = "expected a corpus file, a directory of them, a glob or an fsspec URL"
+MISSING_HINT = f"{EXPECTED_INPUT}; --on-error skip goes on without it"
+
+
+def check_arguments(args: Namespace) -> None:
+    """The numbers on the `albert preprocess` command line, each error naming its option."""
+    checks = [
+        ("--heldout-fraction", args.heldout_fraction, lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
+        ("--short-seq-prob", args.short_seq_prob, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("--shard-mb", args.shard_mb, lambda v: 0 < v < math.inf, "a number of megabytes > 0"),
+        ("--max-seq-length", args.max_seq_length, lambda v: v >= 5, "an integer >= 5 ([CLS] A [SEP] B [SEP])"),
+        ("--num-cpus", args.num_cpus, lambda v: v is None or v >= 1, "an integer >= 1"),
+    ]
+    for option, value, ok, expected in checks:
+        if not ok(value):
+            raise ValueError(f"{option}: expected {expected}, got {value}")
+
+
+def missing_input(root: str, paths: list[str]) -> str | None:
+    """Why the input `root` matches nothing, or None when it does. list_inputs keeps such an input as given (the
+    reader then reports it as a `missing` skip), so only `paths == [root]` can be one."""
+    if paths != [root]:
+        return None
+    fs, stripped = fsspec.core.url_to_fs(root)
+    if fs.exists(stripped):
+        return None
+    return "the pattern matches no file" if any(c in stripped for c in "*?[") else "no such file or directory"
+
+
+def check_tokenizer(config: PreprocessConfig) -> Tokenizer:
+    """The tokenizer, loaded (FileNotFoundError / ValueError naming the file), with max_seq_length at most the
+    model_max_length its tokenizer_config.json records (512 for ours: ALBERT's position embeddings)."""
+    from albert_core.tokenization import CONFIG_FILE, Tokenizer
+
+    try:
+        tokenizer = Tokenizer.load(config.tokenizer)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise ValueError(f"tokenizer {config.tokenizer}: cannot be read ({err})") from None
+    stored = Path(tokenizer.name).parent / CONFIG_FILE
+    try:
+        limit = json.loads(stored.read_text(encoding="utf-8")).get("model_max_length")
+    except (OSError, ValueError, AttributeError):
+        limit = None
+    if isinstance(limit, int) and config.max_seq_length > limit:
+        raise ValueError(
+            f"max_seq_length {config.max_seq_length}: above the tokenizer's model_max_length {limit} ({stored}); "
+            f"the models take at most {limit} positions, so use --max-seq-length {limit} or less"
+        )
+    return tokenizer
+
+
+def check_output(output: str) -> None:
+    """The output is a local directory, or one that can be made: not a file, not under a file, writable."""
+    if "://" in output:
+        raise ValueError(f"output {output}: expected a local directory (a bucket mounted as one works)")
+    path = Path(output)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output {output}: exists and is not a directory")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"output {output}: cannot be made, {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"output {output}: cannot be written, {existing} is not writable by this user")
+
+
+class NoExamplesError(ValueError):
+    """The run made no training example. `manifest` is what it would have written (the console names the skips)."""
+
+    def __init__(self, message: str, manifest: dict[str, Any]):
+        super().__init__(message)
+        self.manifest = manifest
+
+
+def check_examples(manifest: dict[str, Any], output: str) -> None:
+    """NoExamplesError unless the run made at least one example (manifest.json is not written then)."""
+    if manifest["examples"]:
+        return
+    d = manifest["documents"]
+    reasons = ", ".join(f"{k} {v}" for k, v in d["skipped_by_reason"].items()) or "none"
+    hint = "lower --heldout-fraction" if d["heldout"] and not d["skipped"] else "check --input, --format, --text-field"
+    raise NoExamplesError(
+        f"{output}: no training examples: {d['read']} documents read, {d['used']} used, {d['heldout']} held out, "
+        f"{d['skipped']} skipped ({reasons}); no manifest.json written; {hint}",
+        manifest,
+    )

@@ -1,0 +1,265 @@
+"""An evaluation schedule's durable state: `<run_dir>/schedules/NAME.json`, its one owner.
+
+A schedule (`albert eval schedule RUN --every N`) evaluates every checkpoint of a run whose step is a multiple of
+`every`, once. Its file holds what it was asked to do (`ScheduleSpec`) and where it stands: the steps done (their
+result line is in the run's metrics log, kind "schedule_eval" with the schedule's name), missing (the checkpoint
+was gone before the schedule could evaluate it, with the reason), failed (the evaluation raised), pending (seen on
+disk, not yet settled), and whether it was cancelled or is complete (the run finished and nothing is pending).
+
+Exactly once: a step is recorded done only after its result line was appended to metrics.jsonl, and a scheduler
+that starts reconciles the file from metrics.jsonl (a result line already there = done), so a crash between the
+two neither repeats nor loses a step. Every change is a read-modify-write under an advisory lock (`update`),
+written atomically, so a cancellation from the CLI is never overwritten by the scheduler. `RUN_LOCK` is held by the
+one process that runs a schedule, for as long as it runs it.
+
+Nothing here needs Ray or torch: the ledger reads the files for retention (checkpoints a live schedule still has to
+evaluate are kept), `albert status` and `albert eval list` read them for progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from albert_core.files import atomic_write_bytes, file_lock, read_state_json
+
+SCHEDULES_DIR = "schedules"
+RESULT_KIND = "schedule_eval"  # the kind of a schedule's result lines in metrics.jsonl
+HEARTBEAT_SUFFIX = ".alive"  # touched by the scheduler while it runs
+LIVE_WITHIN_S = 30.0
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+VERSION = 1
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What a schedule evaluates; fixed when it is created (attaching again with another spec is refused)."""
+
+    name: str
+    every: int
+    heldout: str  # the held-out documents file (absolute)
+    tasks: tuple[str, ...] = ()
+    task_data: tuple[str, ...] = ()  # one directory per task, in order
+    task_seeds: int = 0  # 0: the task's protocol
+    task_max_steps: int = 0
+    cpus: float = 1.0  # per evaluator, only out of CPUs beyond training's (services.eval.schedule.schedule_cpus)
+
+    def matches(self, step: int) -> bool:
+        return step > 0 and step % self.every == 0
+
+    def same_job(self, other: ScheduleSpec) -> bool:
+        """Same steps, same evaluation (the CPUs may differ between attachments)."""
+        return dataclasses.replace(self, cpus=0) == dataclasses.replace(other, cpus=0)
+
+    def describe(self) -> str:
+        tasks = f", tasks {', '.join(self.tasks)}" if self.tasks else ""
+        return f"every {self.every} steps, held-out {self.heldout}{tasks}"
+
+
+@dataclass
+class ScheduleState:
+    spec: ScheduleSpec
+    created: float = field(default_factory=time.time)
+    done: dict[int, str] = field(default_factory=dict)  # step -> checkpoint evaluated
+    missing: dict[int, str] = field(default_factory=dict)  # step -> why it could not be evaluated
+    failed: dict[int, str] = field(default_factory=dict)  # step -> the evaluation's error
+    pending: list[int] = field(default_factory=list)  # matching checkpoints seen on disk, not settled yet
+    cancelled: bool = False
+    complete: bool = False
+    starts: int = 0  # scheduler (re)starts
+    version: int = VERSION
+
+    # --- decisions (pure) ---
+
+    def settled(self, step: int) -> bool:
+        return step in self.done or step in self.missing or step in self.failed
+
+    def active(self) -> bool:
+        return not (self.cancelled or self.complete)
+
+    def unsettled(self, steps: Iterable[int]) -> list[int]:
+        """The matching steps among `steps` that are neither done, missing nor failed, in order."""
+        return sorted({s for s in steps if self.spec.matches(s) and not self.settled(s)})
+
+    def observe(self, on_disk: Iterable[int], saved: dict[int, str]) -> None:
+        """What the run has now: checkpoints on disk, and every step the run's log says was saved (step -> why it
+        is not on disk, for those gone). A matching step saved but no longer on disk and not settled is missing."""
+        on_disk = set(on_disk)
+        for step in self.unsettled(saved):
+            if step not in on_disk:
+                self.missing[step] = saved[step]
+        self.pending = self.unsettled(on_disk)
+
+    def reconcile(self, results: Iterable[dict[str, Any]]) -> list[int]:
+        """Take back result lines of this schedule that reached metrics.jsonl but not this file; returns their steps."""
+        taken = []
+        for record in results:
+            step = int(record["step"])
+            if record.get("schedule") == self.spec.name and step not in self.done:
+                self.done[step] = str(record.get("checkpoint", ""))
+                self.missing.pop(step, None)
+                self.failed.pop(step, None)
+                taken.append(step)
+        self.pending = [s for s in self.pending if not self.settled(s)]
+        return taken
+
+    def mark_done(self, step: int, checkpoint: str) -> None:
+        self.done[step] = checkpoint
+        self.pending = [s for s in self.pending if s != step]
+
+    def mark_failed(self, step: int, error: str) -> None:
+        self.failed[step] = error
+        self.pending = [s for s in self.pending if s != step]
+
+    def mark_missing(self, step: int, reason: str) -> None:
+        self.missing[step] = reason
+        self.pending = [s for s in self.pending if s != step]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.spec.name,
+            "every": self.spec.every,
+            "tasks": list(self.spec.tasks),
+            "heldout": self.spec.heldout,
+            "done": len(self.done),
+            "pending": len(self.pending),
+            "missing": len(self.missing),
+            "failed": len(self.failed),
+            "last_step": max(self.done, default=None),
+            "missing_steps": {str(s): why for s, why in sorted(self.missing.items())},
+            "failed_steps": {str(s): why for s, why in sorted(self.failed.items())},
+            "cancelled": self.cancelled,
+            "complete": self.complete,
+            "starts": self.starts,
+        }
+
+    # --- JSON ---
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        for key in ("done", "missing", "failed"):
+            data[key] = {str(step): value for step, value in sorted(data[key].items())}
+        return json.dumps(data, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: Path) -> ScheduleState:
+        data = read_state_json(text, source, VERSION, "schedule state")
+        spec = data.pop("spec")
+        spec = ScheduleSpec(**{**spec, "tasks": tuple(spec["tasks"]), "task_data": tuple(spec["task_data"])})
+        steps = {key: {int(s): v for s, v in data.pop(key).items()} for key in ("done", "missing", "failed")}
+        return cls(spec=spec, **steps, **data)
+
+
+# --- the files ---------------------------------------------------------------------------------------------------
+
+
+def schedules_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / SCHEDULES_DIR
+
+
+def state_path(run_dir: str | Path, name: str) -> Path:
+    return schedules_dir(run_dir) / f"{name}.json"
+
+
+def check_name(name: str) -> str:
+    if not NAME.match(name):
+        raise ValueError(f"--name {name!r}: use letters, digits, '.', '_' and '-' (up to 64, a letter or digit first)")
+    return name
+
+
+def load(run_dir: str | Path, name: str) -> ScheduleState:
+    path = state_path(run_dir, name)
+    if not path.is_file():
+        known = ", ".join(names(run_dir)) or "none"
+        raise FileNotFoundError(f"{path}: no schedule {name!r} on this run (schedules: {known})")
+    return ScheduleState.from_json(path.read_text(), path)
+
+
+def names(run_dir: str | Path) -> list[str]:
+    directory = schedules_dir(run_dir)
+    return sorted(p.stem for p in directory.glob("*.json")) if directory.is_dir() else []
+
+
+def readable(run_dir: str | Path) -> Iterator[ScheduleState]:
+    """The run's schedules; a file that cannot be read (edited by hand) is skipped with a warning, so that it never
+    stops training (retention) or a status."""
+    for name in names(run_dir):
+        try:
+            yield load(run_dir, name)
+        except (ValueError, OSError) as err:
+            log.warning("skipping schedule %s: %s", name, err)
+
+
+def update(run_dir: str | Path, name: str, change: Callable[[ScheduleState], Any]) -> ScheduleState:
+    """Read the file, apply `change`, write it back atomically, all under the schedule's lock; returns the state."""
+    with file_lock(schedules_dir(run_dir) / f".{name}.lock"):
+        state = load(run_dir, name)
+        before = state.to_json()
+        change(state)
+        if state.to_json() != before:  # the scheduler looks every few seconds; most looks change nothing
+            atomic_write_bytes(state_path(run_dir, name), state.to_json().encode())
+        return state
+
+
+def create_or_attach(run_dir: str | Path, spec: ScheduleSpec) -> tuple[ScheduleState, bool]:
+    """(the schedule's state, whether it was created). Attaching to an existing schedule of the same name needs the
+    same job; a cancelled one stays cancelled (choose another name)."""
+    with file_lock(schedules_dir(run_dir) / f".{spec.name}.lock"):
+        path = state_path(run_dir, spec.name)
+        if not path.is_file():
+            state = ScheduleState(spec)
+            atomic_write_bytes(path, state.to_json().encode())
+            return state, True
+        state = ScheduleState.from_json(path.read_text(), path)
+    if state.cancelled:
+        raise ValueError(f"--name {spec.name}: that schedule was cancelled; choose another --name")
+    if not state.spec.same_job(spec):
+        raise ValueError(
+            f"--name {spec.name}: a schedule of that name exists with another job ({state.spec.describe()}); "
+            "choose another --name, or cancel it first"
+        )
+    return state, False
+
+
+@contextlib.contextmanager
+def running(run_dir: str | Path, name: str) -> Iterator[bool]:
+    """Hold the schedule's run lock while it runs: yields False (and holds nothing) when another process runs it.
+    The lock goes with its process, so a killed scheduler never blocks its restart."""
+    with file_lock(schedules_dir(run_dir) / f".{name}.running", blocking=False) as held:
+        yield held
+
+
+def touch_heartbeat(run_dir: str | Path, name: str) -> None:
+    (schedules_dir(run_dir) / f"{name}{HEARTBEAT_SUFFIX}").touch()
+
+
+def live(run_dir: str | Path, name: str) -> bool:
+    try:
+        age = time.time() - (schedules_dir(run_dir) / f"{name}{HEARTBEAT_SUFFIX}").stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return age < LIVE_WITHIN_S
+
+
+def summaries(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Each schedule's progress (for `albert status` and `albert eval list`); "live" while its scheduler beats."""
+    return [{**state.summary(), "live": live(run_dir, state.spec.name)} for state in readable(run_dir)]
+
+
+def held_steps(run_dir: str | Path, steps: Iterable[int]) -> set[int]:
+    """The checkpoint steps retention must keep: those an active schedule of the run still has to evaluate."""
+    steps = list(steps)
+    held: set[int] = set()
+    for state in readable(run_dir):
+        if state.active():
+            held |= set(state.unsettled(steps))
+    return held
