@@ -26,8 +26,6 @@ from torch import Tensor, nn
 from albert_core.model import AlbertModel
 from albert_core.pairs import PairConfig, PairExample, create_pairs
 
-TRANSITION_FIELDS = ("layer", "l2", "cosine", "tokens")
-
 
 def backbone_of(model: nn.Module) -> AlbertModel:
     """The encoder of any albert model: the model itself, or its `.albert` (pretraining and task models)."""

@@ -16,12 +16,9 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from albert_core.config import AlbertConfig
-from albert_core.files import CheckpointError, atomic_write_bytes
+from albert_core.files import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, atomic_write_bytes
 from albert_core.interop import load_hf_checkpoint
 from albert_core.model import AlbertForPreTraining, AlbertModel
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 
 
 def state_dict_of(model: nn.Module) -> dict[str, Tensor]:

@@ -35,8 +35,9 @@ import torch
 from albert_core.data_order import ExampleOrder
 from albert_core.model import AlbertForPreTraining
 from services.run.config import RunConfig
-from services.train import make_micro_batch, optimizer_for, resolve_token_ids, train_step
 from services.train.data import Prefetch, ShardRows, host_steps
+from services.train.plan import resolve_token_ids
+from services.train.step import make_micro_batch, optimizer_for, train_step
 
 DEFAULT_SHARDS = Path(".cache/albert/sample-shards-8000-128")
 

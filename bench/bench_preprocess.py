@@ -29,7 +29,8 @@ from pathlib import Path
 from albert_core.corpus import Document, read_documents
 from albert_core.tokenization import MODEL_FILE, Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.data.sample import assemble_sample_corpus
-from services.preprocess.run import PreprocessConfig, run_preprocess
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.run import run_preprocess
 
 CACHE = Path(".cache/albert")
 

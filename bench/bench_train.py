@@ -33,7 +33,7 @@ from albert_core.config import AlbertConfig
 from albert_core.interop import to_hf
 from albert_core.model import AlbertForPreTraining, compile_backbone, estimate_flops_per_token
 from albert_core.optim import make_optimizer, make_scheduler
-from services.train import train_step
+from services.train.step import train_step
 
 BATCH, SEQ, VOCAB = 8, 128, 30000
 

@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from albert_core.shards import ShardsManifest  # noqa: E402
+from services.run.checkpoints import list_checkpoints, read_trainer_json  # noqa: E402
 from services.run.log import read_metrics  # noqa: E402
-from services.train.state import list_checkpoints, read_trainer_json  # noqa: E402
 
 ALBERT = [sys.executable, "-m", "services.cli"]
 CACHE = REPO / ".cache" / "albert"

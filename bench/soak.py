@@ -40,9 +40,11 @@ import torch
 from safetensors.torch import load_file
 
 from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
+from services.cluster import coordinator_name
 from services.run.config import RunConfig
-from services.train import TRACE_ENV, run_pretraining
-from services.train.coordinator import coordinator_name, get_or_create_coordinator
+from services.train.coordinator import get_or_create_coordinator
+from services.train.driver import run_pretraining
+from services.train.worker import TRACE_ENV
 
 VOCAB, SEQ = 96, 32
 ROWS_PER_FILE = (80, 80, 80, 84)  # 2 workers x 8 rows a step: 20 steps an epoch

@@ -18,21 +18,16 @@ import torch
 
 from albert_core.checkpoint import save_model
 from albert_core.config import AlbertConfig
+from albert_core.files import METRICS_FILE, CorruptCheckpoint
 from albert_core.model import AlbertForPreTraining
 from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
+from services import RAY_NAMESPACE
 from services.eval.evaluate import UnknownTask
+from services.run.checkpoints import verify_checkpoint
+from services.run.cli import run_status
 from services.run.config import RunConfig
-from services.run.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger
-from services.train.coordinator import (
-    METRICS_FILE,
-    NAMESPACE,
-    CorruptCheckpoint,
-    evaluator_name,
-    get_or_create_coordinator,
-    read_status,
-    run_status,
-    verify_checkpoint,
-)
+from services.run.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger, read_status
+from services.train.coordinator import evaluator_name, get_or_create_coordinator
 
 VOCAB = 64
 TOKEN = 9  # every held-out token: a model biased to it predicts every masked token right
@@ -86,7 +81,7 @@ def evaluator_handle(run_name: str, step: int, launch: int, timeout: float = 30.
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return ray.get_actor(evaluator_name(run_name, step, launch), namespace=NAMESPACE)
+            return ray.get_actor(evaluator_name(run_name, step, launch), namespace=RAY_NAMESPACE)
         except ValueError:
             if time.monotonic() > deadline:
                 raise

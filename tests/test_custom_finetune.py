@@ -298,7 +298,8 @@ def test_ctrl_c_after_a_dev_evaluation_prints_the_partial_summary_and_exits_130(
 
 @pytest.mark.ray
 def test_ctrl_c_while_seeds_run_on_ray_summarizes_the_finished_seed(ray_local, tmp_path, checkpoint, topics, capsys):
-    from services.finetune.run import SeedsInterrupted, report_interrupted, run_seeds, seed_configs
+    from services.finetune.cli import report_interrupted
+    from services.finetune.run import SeedsInterrupted, run_seeds, seed_configs
 
     custom = CustomDataConfig(str(topics / "train.csv"), dev=str(topics / "dev.csv"), label_column="topic")
     overrides = {"custom": custom, "lr": 1e-3, "batch_size": 8, "max_seq_length": 32, "eval_every": 0}

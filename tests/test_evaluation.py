@@ -20,7 +20,6 @@ from services.eval.evaluate import (
     IntrinsicOptions,
     UnknownTask,
     evaluate_checkpoint,
-    register_downstream_task,
 )
 from services.run.config import RunConfig
 
@@ -271,28 +270,25 @@ def test_evaluate_checkpoint_returns_the_step_from_trainer_json_and_the_loaded_m
     assert {name: result[name] for name in expected} == pytest.approx(expected)
 
 
-def test_a_registered_downstream_task_is_run_on_the_checkpoint_with_its_data_directory(tmp_path):
+def test_a_registered_downstream_task_is_run_on_the_checkpoint_with_its_data_directory(tmp_path, monkeypatch):
     saved_checkpoint(tmp_path / "ckpt", 10)
     write_heldout(tmp_path / "documents.parquet", random_documents(20))
     (tmp_path / "task").mkdir()
     (tmp_path / "task" / "dev.tsv").write_text("a\t1\nb\t0\nc\t1\n")
     calls = []
 
-    @register_downstream_task("count-lines")
     def count_lines(checkpoint_dir: str, data_dir: str) -> dict:
         calls.append(checkpoint_dir)
         return {"examples": len((Path(data_dir) / "dev.tsv").read_text().splitlines())}
 
-    try:
-        result = evaluate_checkpoint(
-            tmp_path / "ckpt",
-            tmp_path / "documents.parquet",
-            options=IntrinsicOptions(max_seq_length=32, max_examples=20),
-            tasks=["count-lines"],
-            task_data={"count-lines": str(tmp_path / "task")},
-        )
-    finally:
-        DOWNSTREAM_TASKS.pop("count-lines")
+    monkeypatch.setitem(DOWNSTREAM_TASKS, "count-lines", count_lines)
+    result = evaluate_checkpoint(
+        tmp_path / "ckpt",
+        tmp_path / "documents.parquet",
+        options=IntrinsicOptions(max_seq_length=32, max_examples=20),
+        tasks=["count-lines"],
+        task_data={"count-lines": str(tmp_path / "task")},
+    )
     assert calls == [str(tmp_path / "ckpt")]
     assert result["tasks"] == {"count-lines": {"examples": 3}}
 

@@ -25,13 +25,12 @@ from services.experiments.run import (
     fingerprint_fields,
     finished_result,
     marker_path,
-    pending_cells,
     run_experiment,
     write_tables,
 )
 from services.experiments.spec import Cell, ExperimentSpec, cell_config, cell_name, final_checkpoint
 from services.run.config import RunConfig
-from services.run.report import read_metrics
+from services.run.log import read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()
@@ -253,7 +252,7 @@ def test_a_cell_with_a_marker_is_not_pending(recipe, tmp_path):
     spec = spec_of(recipe, tmp_path, grid={"model.overrides.sharing": ["all", "none"]})
     done, todo = spec.expand()
     finish(spec, done, mlm_acc=0.5)
-    assert [c.name for c in pending_cells(spec)] == [todo.name]
+    assert [c.name for c in spec.expand() if finished_result(spec, c) is None] == [todo.name]
     assert finished_result(spec, done)["mlm_acc"] == 0.5
 
 
@@ -262,7 +261,7 @@ def test_a_marker_written_under_another_configuration_is_refused(recipe, tmp_pat
     finish(spec, spec.expand()[0], mlm_acc=0.5)
     changed = spec_of(recipe, tmp_path, set={"optim.total_steps": 9}, grid={"model.overrides.sharing": ["all"]})
     with pytest.raises(ConfigError, match="finished under a different configuration"):
-        pending_cells(changed)
+        finished_result(changed, changed.expand()[0])
 
 
 def test_a_stacked_cell_does_not_run_before_its_source_cell_reached_its_last_step(recipe, tmp_path):
@@ -543,7 +542,7 @@ def test_analyze_layers_reads_our_checkpoint_on_its_heldout_documents(run_output
 def test_register_adds_analyze_layers_and_experiment_run_to_a_parser():
     import argparse
 
-    from services.experiments import run as experiment
+    from services.experiments import cli as experiment
 
     parser = argparse.ArgumentParser(prog="albert")
     experiment.register(parser.add_subparsers(dest="command", required=True))

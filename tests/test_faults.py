@@ -53,11 +53,17 @@ from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, example_id
 from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
-from services.preprocess.run import PROGRESS_DIR, PreprocessConfig, run_preprocess
-from services.run.report import read_metrics
-from services.train import TRACE_ENV, run_pretraining
-from services.train.coordinator import coordinator_name, get_or_create_coordinator, read_status
-from services.train.state import TrainerState, latest_good, list_checkpoints, save_train_state, verify
+from services.cluster import coordinator_name
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.layout import PROGRESS_DIR
+from services.preprocess.run import run_preprocess
+from services.run.checkpoints import latest_good, list_checkpoints, verify
+from services.run.ledger import read_status
+from services.run.log import read_metrics
+from services.train.coordinator import get_or_create_coordinator
+from services.train.driver import run_pretraining
+from services.train.state import TrainerState, save_train_state
+from services.train.worker import TRACE_ENV
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
 
 pytestmark = [pytest.mark.ray]

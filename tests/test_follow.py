@@ -13,10 +13,11 @@ import pytest
 from albert_core.shards import ShardsManifest
 from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.cli import main
+from services.run.checkpoints import checkpoint_dir, read_trainer_json
 from services.run.config import RunConfig
-from services.train import STOP_ENV, read_metrics, run_pretraining
-from services.train.state import checkpoint_dir, read_trainer_json
-from services.train.worker import TRACE_ENV
+from services.run.log import read_metrics
+from services.train.driver import run_pretraining
+from services.train.worker import STOP_ENV, TRACE_ENV
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
 

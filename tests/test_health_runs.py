@@ -8,10 +8,11 @@ import time
 import pytest
 import ray
 
+from services.cluster import coordinator_name
+from services.run.checkpoints import read_trainer_json
 from services.run.log import read_metrics
-from services.train import run_pretraining
-from services.train.coordinator import coordinator_name, get_or_create_coordinator
-from services.train.state import read_trainer_json
+from services.train.coordinator import get_or_create_coordinator
+from services.train.driver import run_pretraining
 from tests.test_train import run_config, write_heldout, write_shards
 
 pytestmark = [pytest.mark.ray]

@@ -38,7 +38,7 @@ from albert_core.sentences import split_sentences
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from albert_core.wikitext import strip_wikitext
 from services.run.config import RunConfig
-from services.train import optimizer_for
+from services.train.step import optimizer_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 FEW = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from albert_core.config import ConfigError
-from services.train.coordinator import evaluator_slots
+from services.eval.evaluate import evaluator_slots
 from tests.conftest import default_sigint
 from tests.test_faults import shards  # noqa: F401  (the module fixture: 4 shard files and held-out documents)
 from tests.test_train import MODEL, SEQ, run_config
@@ -148,7 +148,7 @@ def test_workers_ray_cannot_place_fail_within_the_startup_timeout_naming_what_is
     tmp_path,
     shards,  # noqa: F811
 ):
-    from services.train import run_pretraining
+    from services.train.driver import run_pretraining
 
     config = run_config(tmp_path, shards, "too-many-workers", num_workers=3, global_batch_size=12, startup_timeout_s=5)
     started = time.monotonic()

@@ -1,4 +1,4 @@
-"""Job submission (services/jobs/client.py) against a real local multi-node Ray cluster with token auth on.
+"""Job submission (services/cluster.py) against a real local multi-node Ray cluster with token auth on.
 
 The module's cluster comes from scripts/local_cluster.sh with its own dir, ports and token; the script stops it by
 signalling the `ray start --block` processes it started (which kill what they launched), never with `ray stop`.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from services.jobs import client as jobs
+from services import cluster as jobs
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray

@@ -22,14 +22,11 @@ from albert_core.pairs import IGNORE_LABEL
 from albert_core.sentences import split_sentences
 from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
-from services.cli import add_preprocess_command as register
-from services.preprocess.run import (
-    PROGRESS_DIR,
-    PreprocessConfig,
-    list_input_files,
-    run_preprocess,
-    stream_examples,
-)
+from services.preprocess.cli import register
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.layout import PROGRESS_DIR
+from services.preprocess.plan import list_input_files
+from services.preprocess.run import run_preprocess, stream_examples
 from services.preprocess.unit import heldout_hash, preprocess_sentences
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"

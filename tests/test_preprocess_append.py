@@ -20,12 +20,15 @@ import pytest
 
 from albert_core.shards import HELDOUT_FILE, MANIFEST_FILE, ShardsManifest
 from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
-from services.cli import add_preprocess_command, build_parser, main
+from services.cli import build_parser, main
+from services.cluster import build_entrypoint, split_submit_args
 from services.jobs.checks import prepare_job_args
-from services.jobs.client import build_entrypoint, split_submit_args
 from services.preprocess.cli import plan_from_args
+from services.preprocess.cli import register as add_preprocess_command
+from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.manifest import part_checksum, stored_parts
-from services.preprocess.run import PROGRESS_DIR, run_preprocess, write_unit
+from services.preprocess.run import run_preprocess
+from services.preprocess.unit import write_unit
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()

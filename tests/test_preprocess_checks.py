@@ -20,10 +20,13 @@ import pytest
 from albert_core.config import ConfigError
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
-from services.cli import add_preprocess_command, main
+from services.cli import main
 from services.preprocess.checks import NoExamplesError
 from services.preprocess.cli import config_from_args
-from services.preprocess.run import PROGRESS_DIR, PreprocessConfig, run_preprocess
+from services.preprocess.cli import register as add_preprocess_command
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.layout import PROGRESS_DIR
+from services.preprocess.run import run_preprocess
 from services.run.config import RunConfig
 from services.train.plan import plan_data
 

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from services.run.report import LiveView, read_metrics, write_report
+from services.run.log import read_metrics
+from services.run.report import LiveView, write_report
 
 
 def _write(run_dir, records):

@@ -19,8 +19,8 @@ import pytest
 
 from albert_core.config import ConfigError
 from services.run.config import RunConfig
-from services.run.report import read_metrics
-from services.train import STOP_ENV
+from services.run.log import read_metrics
+from services.train.worker import STOP_ENV
 from tests.test_faults import Fault, cluster, read_trace, shards, train_traced  # noqa: F401
 from tests.test_train import run_config
 

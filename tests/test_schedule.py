@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from services import cluster
 from services.cli import main
 from services.eval.schedule import start_runner
 from services.run import log as run_log
@@ -24,8 +25,7 @@ from services.run import schedules
 from services.run.config import RunConfig
 from services.run.ledger import RunLedger
 from services.run.schedules import RESULT_KIND, ScheduleSpec
-from services.train import pretrain as pipeline
-from services.train import run_pretraining
+from services.train.driver import run_pretraining
 from tests.test_coordinator import write_checkpoint
 from tests.test_train import run_config, write_heldout, write_shards
 
@@ -70,8 +70,8 @@ def test_bad_arguments_are_one_line_naming_the_argument_and_exit_2(
         raise AssertionError("albert eval connected to Ray before checking its arguments")
 
     # Another test of the session may have started Ray in this process already: what must hold is that the refusal
-    # comes before the command connects (services.train.pretrain.connect is the one way it does).
-    monkeypatch.setattr(pipeline, "connect", connect)
+    # comes before the command connects (services.cluster.connect is the one way it does).
+    monkeypatch.setattr(cluster, "connect", connect)
     ray_before = ray.is_initialized()
     paths = {"run": str(ledger_run.run_dir), "missing": str(tmp_path / "nowhere")}
     code = main([arg.format(**paths) for arg in argv])

@@ -225,7 +225,7 @@ def shards(tmp_path):
 
 
 def test_a_run_with_a_width_mismatched_init_from_fails_before_any_worker_starts(tmp_path, shards):
-    from services.train import run_pretraining
+    from services.train.driver import run_pretraining
 
     save_model(tmp_path / "shallow", trained_like(config(2).replace(vocab_size=VOCAB)))
     bad = run_config(tmp_path, shards, str(tmp_path / "shallow"), intermediate_size=128)
@@ -236,7 +236,7 @@ def test_a_run_with_a_width_mismatched_init_from_fails_before_any_worker_starts(
 
 @pytest.mark.ray
 def test_a_run_with_init_from_starts_at_the_stacked_weights(ray_local, tmp_path, shards):
-    from services.train import run_pretraining
+    from services.train.driver import run_pretraining
 
     shallow = trained_like(config(2).replace(vocab_size=VOCAB))
     save_model(tmp_path / "shallow", shallow)
@@ -277,7 +277,7 @@ def with_continue(config: RunConfig) -> RunConfig:
 
 def test_continue_from_init_needs_a_training_checkpoint(tmp_path, shards):
     """The data position is a count of examples of the run's stream, so any worker layout carries it over."""
-    from services.train import run_pretraining
+    from services.train.driver import run_pretraining
 
     shallow = trained_like(config(2).replace(vocab_size=VOCAB))
     save_model(tmp_path / "weights-only", shallow)
@@ -292,8 +292,8 @@ def test_continue_from_init_needs_a_training_checkpoint(tmp_path, shards):
 def test_continue_from_init_reads_on_where_the_source_run_stopped(ray_local, tmp_path, shards):
     """16 rows, 8 per step. The source stopped after 8 examples; the stacked run's one step reads the other 8 and so
     ends the epoch, where a run without the option would still be in epoch 0."""
-    from services.train import run_pretraining
-    from services.train.state import read_trainer_json
+    from services.run.checkpoints import read_trainer_json
+    from services.train.driver import run_pretraining
 
     shallow = trained_like(config(2).replace(vocab_size=VOCAB))
     source = training_checkpoint(tmp_path / "source", shallow, examples_seen=8)

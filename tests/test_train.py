@@ -17,20 +17,14 @@ from albert_core.model import AlbertForPreTraining, compile_backbone
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.pairs import order_draw, reorder_pair
 from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
-from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.tokenization import TokenIds, Tokenizer, TokenizerTrainConfig, train_tokenizer
+from services.run.checkpoints import latest_good, list_checkpoints, verify
 from services.run.config import RunConfig
-from services.train import (
-    STOP_ENV,
-    TokenIds,
-    accumulate_gradients,
-    make_micro_batch,
-    plan_data,
-    read_metrics,
-    resolve_token_ids,
-    run_pretraining,
-    train_step,
-)
-from services.train.state import latest_good, list_checkpoints, verify
+from services.run.log import read_metrics
+from services.train.driver import run_pretraining
+from services.train.plan import plan_data, resolve_token_ids
+from services.train.step import accumulate_gradients, make_micro_batch, train_step
+from services.train.worker import STOP_ENV
 
 VOCAB = 96
 SEQ = 32
@@ -463,7 +457,9 @@ def test_a_time_clock_runs_the_schedule_over_the_budget_on_every_worker(ray_loca
     for before, record in zip(records, records[1:], strict=False):
         expected = 1 - min(1.0, before["train_seconds"] / config.train.max_seconds)
         assert record["lr"] / config.optim.lr == pytest.approx(expected, abs=0.003)  # seconds are logged rounded
-    assert records[-1]["lr"] < 0.25 * config.optim.lr
+    # The run ends at the first step that spends the budget, however long steps take on this machine: the rate of
+    # a next step would be the schedule's end (0), so the schedule ran over the whole budget.
+    assert records[-1]["train_seconds"] >= config.train.max_seconds > records[-2]["train_seconds"]
 
 
 def test_a_time_clock_without_a_budget_is_refused(tmp_path):

@@ -12,18 +12,15 @@ from albert_core.config import AlbertConfig
 from albert_core.files import CHECKSUM_FILE as MANIFEST_FILE
 from albert_core.model import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
-from services.train.state import (
+from services.run.checkpoints import (
     OPTIMIZER_FILE,
     TRAINER_FILE,
-    CorruptCheckpoint,
-    TrainerState,
     checkpoint_dir,
     latest_good,
-    load_train_state,
     read_trainer_json,
-    save_train_state,
     verify,
 )
+from services.train.state import CorruptCheckpoint, TrainerState, load_train_state, save_train_state
 
 VOCAB = 64
 

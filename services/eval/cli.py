@@ -1,4 +1,5 @@
-"""`albert eval schedule | list | cancel`: the CLI of evaluation schedules (eval.schedule, run.schedules).
+"""`albert evaluate` (a model's held-out metrics, services.eval.evaluate) and `albert eval schedule | list | cancel`
+(evaluation schedules on a run: services.eval.schedule, services.run.schedules).
 
 Every argument is checked before Ray starts (a bad one is one line naming it, exit 2). `schedule` creates the
 schedule's file (or attaches to the one of the same name and job) and starts its scheduler: on a cluster (--address,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import threading
 import time
@@ -79,8 +81,8 @@ def default_name(every: int, tasks: list[str], heldout: str | None) -> str:
 
 
 def cmd_eval_schedule(args: argparse.Namespace) -> int:
+    from services.cluster import connect
     from services.eval.schedule import Scheduler, runner_name, start_runner
-    from services.train.pretrain import connect
 
     run_dir, spec = schedule_spec(args)  # every check before Ray starts
     state, created = schedules.create_or_attach(run_dir, spec)
@@ -164,8 +166,8 @@ def cmd_eval_cancel(args: argparse.Namespace) -> int:
     state = schedules.update(run_dir, schedules.check_name(args.name), cancel)
     stopped = False
     if args.address:
+        from services.cluster import connect
         from services.eval.schedule import stop_runner
-        from services.train.pretrain import connect
 
         connect(args.address)
         stopped = stop_runner(run_dir, args.name)
@@ -173,3 +175,52 @@ def cmd_eval_cancel(args: argparse.Namespace) -> int:
     print(f"cancelled {args.name} ({state.summary()['done']} evaluated); {how}; the checkpoints it held are freed at "
           "the run's next retention")  # fmt: skip
     return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from services.eval.evaluate import IntrinsicOptions, evaluate_checkpoint
+
+    task_data = dict(pair.split("=", 1) for pair in args.task_data)
+    options = IntrinsicOptions(max_seq_length=args.max_seq_length, max_examples=args.max_examples)
+    result = evaluate_checkpoint(args.checkpoint, args.heldout, options=options, tasks=args.task, task_data=task_data)
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """`albert evaluate`, `albert eval schedule|list|cancel`."""
+    evaluate = commands.add_parser("evaluate", help="held-out MLM/SOP/NSP accuracy (+ downstream tasks) of a model")
+    evaluate.add_argument("checkpoint", help="a model directory (ours or transformers')")
+    evaluate.add_argument("--heldout", required=True, help="<shards>/heldout/documents.parquet")
+    evaluate.add_argument("--max-seq-length", type=int, default=512)
+    evaluate.add_argument("--max-examples", type=int, default=640)
+    evaluate.add_argument("--task", action="append", default=[], help="a downstream task, e.g. sst2")
+    evaluate.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR")
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    evals = commands.add_parser("eval", help="evaluation schedules attached to a run (live or finished)")
+    actions = evals.add_subparsers(dest="action", required=True)
+    s = actions.add_parser("schedule", help="evaluate every checkpoint whose step is a multiple of --every, once")
+    s.add_argument("run", help="the run directory (runs/NAME)")
+    s.add_argument("--every", type=int, required=True, help="evaluate the checkpoints at multiples of this step")
+    s.add_argument("--name", help="the schedule's name (default: every-N[-TASK...][-heldout-HASH])")
+    s.add_argument("--task", action="append", default=[], help="a downstream task, e.g. polarity (repeatable)")
+    s.add_argument("--task-data", action="append", default=[], metavar="DIR", help="its data, one per --task")
+    s.add_argument("--task-seeds", type=int, default=0, help="fine-tuning seeds per task (0: the task's protocol)")
+    s.add_argument("--task-max-steps", type=int, default=0, help="fine-tuning steps per task (0: the protocol)")
+    s.add_argument("--heldout", help="held-out documents (default: the run's <data.shards>/heldout/documents.parquet)")
+    s.add_argument("--cpus", type=float, default=1.0, help="per evaluator, only beyond training's CPUs (else 0)")
+    s.add_argument("--poll-s", type=float, default=2.0, help="seconds between looks at the run directory")
+    s.add_argument("--address", help="Ray cluster address (auto, ray://host:10001); default: embedded local Ray")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--follow", action="store_true", help="on a cluster: print results until it is complete")
+    mode.add_argument("--once", action="store_true", help="evaluate what is due now, here, and exit")
+    s.set_defaults(func=cmd_eval_schedule)
+    listing = actions.add_parser("list", help="a run's schedules: done, pending, missing, failed")
+    listing.add_argument("run")
+    listing.set_defaults(func=cmd_eval_list)
+    cancel = actions.add_parser("cancel", help="cancel a schedule (its scheduler stops, its checkpoints are freed)")
+    cancel.add_argument("run")
+    cancel.add_argument("name")
+    cancel.add_argument("--address", help="Ray cluster address: also stop its scheduler actor at once")
+    cancel.set_defaults(func=cmd_eval_cancel)

@@ -4,9 +4,9 @@ registry downstream tasks plug into.
 Intrinsic metrics (MLM / SOP / NSP accuracy on held-out documents) come from `albert_core.evaluation`; this module
 only loads the checkpoint and the held-out file and, in Ray, runs that on its own CPU.
 
-Downstream tasks (GLUE, SQuAD, RACE: issue 5) register a function under a task name with
-`register_downstream_task`; `evaluate_checkpoint(..., tasks=[...])` runs the registered ones and refuses a name
-that nothing registered.
+Downstream tasks are the fine-tuning tasks of services.finetune (GLUE, SQuAD, RACE, polarity, custom), each a
+(checkpoint_dir, data_dir) -> metrics function in DOWNSTREAM_TASKS; `evaluate_checkpoint(..., tasks=[...])` runs
+them and refuses a name that has none.
 """
 
 from __future__ import annotations
@@ -68,18 +68,6 @@ DOWNSTREAM_TASKS: dict[str, DownstreamTask] = {}
 
 class UnknownTask(ValueError):
     """A downstream task was requested that no evaluator is registered for."""
-
-
-def register_downstream_task(name: str) -> Callable[[DownstreamTask], DownstreamTask]:
-    """Decorator: `@register_downstream_task("sst2")` over `def evaluate_sst2(checkpoint_dir, data_dir) -> dict`."""
-
-    def register(fn: DownstreamTask) -> DownstreamTask:
-        if name in DOWNSTREAM_TASKS and DOWNSTREAM_TASKS[name] is not fn:
-            raise ValueError(f"downstream task {name!r} is already registered to {DOWNSTREAM_TASKS[name].__name__}")
-        DOWNSTREAM_TASKS[name] = fn
-        return fn
-
-    return register
 
 
 def register_finetune_tasks() -> None:
@@ -276,3 +264,16 @@ def _load(path: str | Path) -> nn.Module:
 def options_dict(options: IntrinsicOptions) -> dict[str, Any]:
     """Plain form for passing IntrinsicOptions to an actor (and for logs)."""
     return asdict(options)
+
+
+def evaluator_slots(eval_cpus: float, *, training_cpus: float, cluster_cpus: float) -> tuple[float, int]:
+    """(CPUs per evaluator, evaluators at once) such that evaluators never hold a CPU the training workers need.
+
+    Evaluators get eval.cpus each only from the CPUs the cluster has beyond the training workers' (all of them, so
+    that a restarted or resumed worker group always finds its CPUs), as many at once as fit there. With no such CPU
+    (or eval.cpus = 0) one evaluator at a time runs on 0 CPUs, beside training: slower, never blocking.
+    """
+    spare = cluster_cpus - training_cpus
+    if eval_cpus <= 0 or spare < eval_cpus:
+        return 0.0, 1
+    return eval_cpus, int(spare // eval_cpus)

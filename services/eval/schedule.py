@@ -28,17 +28,16 @@ from ray.exceptions import RayError, RayTaskError
 
 from albert_core.files import CorruptCheckpoint
 from services import RAY_NAMESPACE
-from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, options_dict
+from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, evaluator_slots, options_dict
 from services.run import log as run_log
 from services.run import schedules
+from services.run.checkpoints import CHECKPOINTS_DIR, list_checkpoints, verify_checkpoint
 from services.run.config import RunConfig
-from services.run.ledger import STATE_FILE, LedgerState, verify_checkpoint
+from services.run.ledger import STATE_FILE, LedgerState
 from services.run.schedules import RESULT_KIND, ScheduleSpec, ScheduleState
-from services.train.coordinator import evaluator_slots
 
 log = logging.getLogger(__name__)
 MAX_EVALUATOR_DEATHS = 2  # relaunches of an evaluator that died on the same checkpoint
-CHECKPOINTS_DIR = "checkpoints"  # services.train.plan.CHECKPOINTS_DIR (not imported: it pulls in the trainer)
 
 
 class ScheduleBusy(ValueError):
@@ -61,7 +60,7 @@ def run_config_of(run_dir: str | Path) -> RunConfig:
 
 def schedule_cpus(wanted: float, config: RunConfig, cluster_cpus: float) -> float:
     """CPUs for a schedule's evaluator: `wanted` only when the cluster has them beyond the training workers' and the
-    most the run's own evaluators may take (services.train.coordinator.evaluator_slots), else 0 (beside training)."""
+    most the run's own evaluators may take (services.eval.evaluate.evaluator_slots), else 0 (beside training)."""
     t = config.train
     training = t.num_workers * t.cpus_per_worker
     run_cpus, run_slots = evaluator_slots(config.eval.cpus, training_cpus=training, cluster_cpus=cluster_cpus)
@@ -79,8 +78,6 @@ def result_record(name: str, step: int, result: dict[str, Any]) -> dict[str, Any
 
 
 def checkpoints_on_disk(run_dir: Path) -> dict[int, str]:
-    from services.train.state import list_checkpoints
-
     return {step: str(path) for step, path in list_checkpoints(run_dir / CHECKPOINTS_DIR)}
 
 
@@ -104,7 +101,7 @@ def run_finished(newest: str | None, config: RunConfig) -> bool:
     """The run's newest checkpoint is its last: optim.total_steps reached or train.max_seconds spent."""
     if newest is None:
         return False
-    from services.train.state import read_trainer_json
+    from services.run.checkpoints import read_trainer_json
 
     try:
         state = read_trainer_json(newest)["state"]

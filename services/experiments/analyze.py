@@ -20,8 +20,6 @@ from albert_core.files import atomic_write_csv
 from services.run.config import RunConfig
 
 if TYPE_CHECKING:
-    from argparse import Namespace  # the parsed `albert analyze layers` options (services.cli builds the parser)
-
     from torch import nn
 
     from albert_core.tokenization import TokenIds
@@ -77,7 +75,7 @@ def _heldout_sequences(
     """Unmasked consecutive-segment pairs from held-out documents: (ids, token types, pad id, vocab size)."""
     from albert_core.evaluation import read_heldout
     from albert_core.tokenization import TokenIds, Tokenizer
-    from services.train import resolve_token_ids
+    from services.train.plan import resolve_token_ids
 
     if tokenizer:
         ids = TokenIds.from_tokenizer(Tokenizer.load(tokenizer))
@@ -226,22 +224,3 @@ def plot_layer_transitions(rows: list[dict[str, Any]], path: str | Path, *, titl
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
-
-
-def cmd_analyze_layers(args: Namespace) -> int:
-    out = analyze_layers(
-        args.checkpoints,
-        args.heldout,
-        args.out,
-        labels=args.label or None,
-        tokenizer=args.tokenizer,
-        max_seq_length=args.max_seq_length,
-        max_examples=args.max_examples,
-        batch_size=args.batch_size,
-        seed=args.seed,
-    )
-    print(f"{'checkpoint':<32}{'layer':>6}{'L2':>10}{'cosine':>9}")
-    for row in out["rows"]:
-        print(f"{row['label']:<32}{row['layer']:>6}{row['l2']:>10.4f}{row['cosine']:>9.4f}")
-    print(f"wrote {out['csv']} and {out['png']}")
-    return 0

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from albert_core.files import atomic_write_bytes
-from services.experiments.run import METRIC_COLUMNS, RESULTS_CSV, collect_results, run_experiment, write_tables
+from services.experiments.run import METRIC_COLUMNS, RESULTS_CSV, collect_results, write_tables
 from services.experiments.spec import ExperimentSpec, cell_config
 from services.experiments.stats import claims_markdown, format_difference, group_results, judge, summary_markdown
 
 if TYPE_CHECKING:
-    from argparse import Namespace
+    pass
 
 SMOOTH = 10  # training log lines per point of the curves (moving mean)
 
@@ -220,19 +220,3 @@ def _two_panels(
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-# ============================================================================================================
-# CLI
-
-
-def cmd_experiment_report(args: Namespace) -> int:
-    specs = [ExperimentSpec.load(path) for path in args.specs]  # every spec validated before anything runs
-    if args.run:
-        for spec in specs:
-            print(f"== {spec.name}: {len(spec.expand())} cells")
-            run_experiment(spec, address=args.address, progress=not args.no_progress)
-    command = " ".join(["albert experiment report", *args.specs, "--out", args.out])
-    out = write_report(specs, Path(args.out), title=args.title, command=command)
-    print(f"wrote {out} and {out.with_suffix('')}/")
-    return 0

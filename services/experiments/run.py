@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from albert_core.config import ConfigError, count_parameters
 from albert_core.files import atomic_write_bytes, atomic_write_csv
-from services.experiments.analyze import cmd_analyze_layers  # noqa: F401 (kept for `register`'s callers, see there)
 from services.experiments.spec import (
     RESULT_METRICS,
     RUNS_DIR,
@@ -37,7 +36,7 @@ from services.experiments.stats import claims_markdown, summary_markdown
 from services.run.config import RunConfig
 
 if TYPE_CHECKING:
-    from argparse import Namespace, _SubParsersAction  # services.cli builds the parsers
+    pass  # services.cli builds the parsers
 
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
@@ -120,10 +119,6 @@ def finished_result(spec: ExperimentSpec, cell: Cell) -> dict[str, Any] | None:
     return marker["result"]
 
 
-def pending_cells(spec: ExperimentSpec) -> list[Cell]:
-    return [cell for cell in spec.expand() if finished_result(spec, cell) is None]
-
-
 # ============================================================================================================
 # running
 
@@ -131,8 +126,9 @@ def pending_cells(spec: ExperimentSpec) -> list[Cell]:
 def ensure_shards(options: dict[str, Any], *, progress: bool = False) -> Path:
     """Preprocess into shards_dir(options) unless a finished one (manifest.json) is there; returns the directory."""
     from albert_core.shards import MANIFEST_FILE
-    from services.preprocess.run import PreprocessConfig, run_preprocess
-    from services.train.pretrain import connect
+    from services.cluster import connect
+    from services.preprocess.config import PreprocessConfig
+    from services.preprocess.run import run_preprocess
 
     directory = shards_dir(options)
     if (directory / MANIFEST_FILE).is_file():
@@ -167,9 +163,9 @@ def coordinator_evaluation(config: RunConfig, checkpoint: str | Path) -> dict[st
     """
     from albert_core.tokenization import TokenIds
     from services.eval.evaluate import IntrinsicOptions
-    from services.run.report import read_metrics
-    from services.train import resolve_token_ids
-    from services.train.coordinator import STATE_FILE
+    from services.run.ledger import STATE_FILE
+    from services.run.log import read_metrics
+    from services.train.plan import resolve_token_ids
 
     run_dir = config.run_dir
     state_path = run_dir / STATE_FILE
@@ -202,7 +198,7 @@ def evaluate_cell(
     from albert_core.shards import HELDOUT_FILE
     from services.eval.evaluate import IntrinsicOptions, evaluate_model
     from services.experiments.analyze import heldout_transitions
-    from services.train import resolve_token_ids
+    from services.train.plan import resolve_token_ids
 
     shards = Path(config.data.shards)
     token_ids = resolve_token_ids(shards, config)
@@ -412,51 +408,3 @@ def markdown_table(
     if spec.claims:
         lines += ["## Claims", "", claims_markdown(spec, results)]
     return "\n".join(lines)
-
-
-# ============================================================================================================
-# CLI handlers (services.cli builds the parsers)
-
-
-def cmd_experiment_run(args: Namespace) -> int:
-    spec = ExperimentSpec.load(args.spec)
-    if args.dry_run:
-        return _print_plan(spec)
-    run_experiment(spec, address=args.address, only=args.only or None, progress=not args.no_progress)
-    _, md = write_tables(spec)
-    print(md.read_text())
-    print(f"wrote {md} and {spec.directory / RESULTS_CSV}")
-    return 0
-
-
-def cmd_experiment_table(args: Namespace) -> int:
-    spec = ExperimentSpec.load(args.spec)
-    _, md = write_tables(spec)
-    print(md.read_text())
-    return 0
-
-
-def _print_plan(spec: ExperimentSpec) -> int:
-    vocab = 30000  # when neither the recipe nor a tokenizer says
-    if spec.preprocess is not None and Path(spec.preprocess.tokenizer).exists():
-        from albert_core.tokenization import Tokenizer
-
-        vocab = Tokenizer.load(spec.preprocess.tokenizer).vocab_size
-    for cell in spec.expand():
-        config = cell_config(spec, cell)
-        params = count_parameters(config.model_config(config.model.overrides.get("vocab_size") or vocab))
-        state = "finished" if finished_result(spec, cell) is not None else "pending"
-        print(f"{cell.name:<48} {params / 1e6:>8.2f}M  {config.optim.total_steps:>7} steps  {state}")
-    return 0
-
-
-def register(commands: _SubParsersAction) -> None:
-    """Add `albert analyze layers` and `albert experiment run|table` to `commands` as `albert` has them.
-
-    The parsers are built in services.cli; this stays for callers that build a parser of their own (the tests),
-    which find the handlers here: cmd_analyze_layers (services.experiments.analyze) and cmd_experiment_run / _table.
-    """
-    from services import cli
-
-    cli.add_analyze_commands(commands)
-    cli.add_experiment_commands(commands)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from albert_core.files import METRICS_FILE
+
 _SCALED_TASKS_EXCEPT = ("squad1", "squad2")
 
 
@@ -68,7 +70,7 @@ def print_summary(summary: dict[str, Any], output: Path) -> None:
 
 def run_log(seed_dir: Path) -> list[dict[str, Any]]:
     """The dev evaluations a run has logged so far (its metrics.jsonl), [] when there are none."""
-    path = seed_dir / "metrics.jsonl"
+    path = seed_dir / METRICS_FILE
     if not path.is_file():
         return []
     records = []

@@ -2,7 +2,7 @@
 uploaded.
 
 A job runs in a copy of the working directory unpacked on the head node, without `.cache`, `data` or `runs`
-(services.jobs.client.EXCLUDES). Two things a user meets there are fixed here instead of on the cluster:
+(services.cluster.EXCLUDES). Two things a user meets there are fixed here instead of on the cluster:
 - the recipe is loaded and validated with its `--set` overrides, so a config error costs one line and no upload;
 - every relative path of the run (data.shards, run.output_dir, model.init_from, eval.task_data, --resume) is made
   absolute against the working directory, where the user meant it, and passed on with `--set`. On a real cluster
@@ -13,7 +13,9 @@ and made absolute in place.
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from albert_core.config import ConfigError
@@ -30,11 +32,19 @@ def prepare_job_args(kind: str, args: list[str], working_dir: str | Path) -> tup
     return prepare_pretrain_args(args, Path(working_dir).resolve())
 
 
+def parse_command(register: Callable[[argparse._SubParsersAction], None], argv: list[str]) -> argparse.Namespace:
+    """`albert ARGV` parsed by the parser of the stage whose `register` adds that command (exit 2 on a usage error,
+    as `albert` itself does)."""
+    parser = argparse.ArgumentParser(prog="albert")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
 def prepare_eval_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:
     """`eval schedule|list|cancel RUN ...`: the run directory, --heldout and --task-data made absolute under root."""
-    from services.cli import build_parser
+    from services.eval.cli import register
 
-    options = build_parser().parse_args(["eval", *args])  # a usage error stops here, before the upload
+    options = parse_command(register, ["eval", *args])  # a usage error stops here, before the upload
     paths = [options.run, getattr(options, "heldout", None), *getattr(options, "task_data", [])]
     absolute = {path: _absolute(path, root) for path in paths if path}
     out, notes = [], []
@@ -66,10 +76,10 @@ def _default_heldout(run_dir: Path, root: Path) -> str | None:
 
 
 def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:
-    from services.cli import build_parser, parse_sets
-    from services.run.config import RunConfig
+    from services.run.config import RunConfig, parse_sets
+    from services.train.cli import register
 
-    options = build_parser().parse_args(["pretrain", *args])
+    options = parse_command(register, ["pretrain", *args])
     config_path = _recipe_in(root, options.config)
     overrides = parse_sets(options.set)
     resume = options.resume

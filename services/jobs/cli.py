@@ -1,4 +1,5 @@
-"""`albert submit` and `albert jobs list|status|logs|stop`: the CLI of services.jobs.client (the Ray Jobs API client).
+"""`albert submit` and `albert jobs list|status|logs|stop`: albert commands run as Ray jobs (services.cluster has the
+Jobs API client; services.jobs.checks what a submission checks before its upload).
 
 Piping their output into `head` is quiet: services.cli.main turns a closed pipe into exit 141, no traceback.
 """
@@ -18,7 +19,7 @@ def _connection(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
-    from services.jobs.client import JobsError
+    from services.cluster import JobsError
 
     env = {}
     for pair in pairs:
@@ -30,8 +31,8 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from services.cluster import job_logs, job_status, split_submit_args, submit
     from services.jobs.checks import prepare_job_args
-    from services.jobs.client import job_logs, job_status, split_submit_args, submit
 
     own, job_args = split_submit_args(args.args)
     late = _late_submit_options().parse_args(own)
@@ -60,7 +61,7 @@ def _when(seconds: float | None) -> str:
 
 
 def cmd_jobs_list(args: argparse.Namespace) -> int:
-    from services.jobs.client import list_jobs
+    from services.cluster import list_jobs
 
     records = list_jobs(**_connection(args))
     if not records:
@@ -74,7 +75,7 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_status(args: argparse.Namespace) -> int:
-    from services.jobs.client import job_status
+    from services.cluster import job_status
 
     r = job_status(args.job_id, **_connection(args))
     print(f"{r.job_id} {r.status}")
@@ -87,7 +88,7 @@ def cmd_jobs_status(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_logs(args: argparse.Namespace) -> int:
-    from services.jobs.client import job_logs
+    from services.cluster import job_logs
 
     if args.follow:
         job_logs(args.job_id, follow=True, **_connection(args))
@@ -97,7 +98,7 @@ def cmd_jobs_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_stop(args: argparse.Namespace) -> int:
-    from services.jobs.client import stop_job
+    from services.cluster import stop_job
 
     status = stop_job(args.job_id, wait=args.wait, **_connection(args))
     print(f"{args.job_id} {status}")
@@ -129,9 +130,9 @@ def _late_submit_options() -> argparse.ArgumentParser:
     return parser
 
 
-def add_jobs_commands(commands: argparse._SubParsersAction) -> None:
-    """`albert submit ...` and `albert jobs list|status|logs|stop` (services.jobs.client)."""
-    from services.jobs.client import JOB_KINDS
+def register(commands: argparse._SubParsersAction) -> None:
+    """`albert submit ...` and `albert jobs list|status|logs|stop`."""
+    from services.cluster import JOB_KINDS
 
     submit_parser = commands.add_parser(
         "submit",

@@ -16,52 +16,30 @@ The part index is read and its folder claimed under the set's manifest lock, so 
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from albert_core.files import file_lock
 from albert_core.shards import MANIFEST_FILE, ShardsManifest
+from albert_core.tokenization import Tokenizer
 from services.preprocess.checks import check_output, check_tokenizer
-from services.preprocess.cli import SHAPE_FLAGS, build_config
+from services.preprocess.config import DEFAULTS, SHAPE, SHAPE_FLAGS, InputFile, PreprocessConfig
+from services.preprocess.layout import Layout
 from services.preprocess.manifest import stored_parts
-from services.preprocess.run import (
-    PreprocessConfig,
-    PreprocessJob,
-    _Layout,
-    claim_plan,
-    list_input_files,
-    plan_fingerprint,
-    plan_units,
-)
-
-if TYPE_CHECKING:
-    from argparse import Namespace
-
-    from albert_core.tokenization import Tokenizer
-    from services.preprocess.run import InputFile
-
-# The options that decide the examples' shape: an appended part takes the set's (the command line has SHAPE_FLAGS).
-SHAPE = (*SHAPE_FLAGS, "docs_per_group", "max_document_chars")
+from services.preprocess.plan import PreprocessJob, claim_plan, list_input_files, plan_fingerprint, plan_units
 
 
-def plan_append(args: Namespace) -> tuple[PreprocessConfig, PreprocessJob]:
-    """The config and job of an `--append-to` command line, everything checked before Ray (ValueError naming the
-    option or file)."""
-    root = args.append_to
-    if args.output is not None and Path(args.output).resolve() != Path(root).resolve():
-        raise ValueError(f"--output {args.output}: not with --append-to {root} (the part is written into the set)")
-    shard_set = read_shard_set(root)
-    shape = set_shape(shard_set, {name: getattr(args, name) for name in SHAPE_FLAGS})
-    config = build_config(args, set_tokenizer(shard_set, args.tokenizer), root, shape)
-    check_output(root)
-    tokenizer = check_tokenizer(config)
-    check_same_tokenizer(tokenizer, shard_set, args.tokenizer)
-    files = list_input_files(config)
-    return config, claim_part(config, tokenizer, files, args.part_name)
+def plan_append(config: PreprocessConfig, shard_set: ShardsManifest, tokenizer: str | None, part_name: str | None):
+    """The job of appending config.inputs to `shard_set` (config.output) as a part named `part_name` (default
+    part-<k>), everything checked before Ray (ValueError naming the option or file). `tokenizer` is the one the
+    command line gave (None: the set's own)."""
+    check_output(config.output)
+    loaded = check_tokenizer(config)
+    check_same_tokenizer(loaded, shard_set, tokenizer)
+    return claim_part(config, loaded, list_input_files(config), part_name)
 
 
-def read_shard_set(root: str) -> ShardsManifest:
+def finished_shard_set(root: str) -> ShardsManifest:
     if not (Path(root) / MANIFEST_FILE).is_file():
         raise ValueError(
             f"--append-to {root}: no {MANIFEST_FILE}, so not a finished shard set (albert preprocess writes it last; "
@@ -73,8 +51,7 @@ def read_shard_set(root: str) -> ShardsManifest:
 def set_shape(shard_set: ShardsManifest, given: dict[str, Any]) -> dict[str, Any]:
     """The set's shape options; one given on the command line (not None) that differs is a ValueError naming it."""
     made = shard_set.data.get("config") or {}
-    defaults = {f.name: f.default for f in fields(PreprocessConfig)}
-    shape = {name: made.get(name, defaults[name]) for name in SHAPE}
+    shape = {name: made.get(name, DEFAULTS[name]) for name in SHAPE}
     for name, flag in SHAPE_FLAGS.items():
         if given[name] is not None and given[name] != shape[name]:
             raise ValueError(
@@ -112,8 +89,8 @@ def claim_part(
     """Under the set's manifest lock: its parts re-read, the inputs and the part name checked against them, the
     units numbered after its shards, and .progress/part-<k>/ claimed for this plan."""
     root = config.output
-    with file_lock(_Layout(root).lock):
-        shard_set = read_shard_set(root)
+    with file_lock(Layout(root).lock):
+        shard_set = finished_shard_set(root)
         parts = shard_set.parts
         check_new_inputs(files, shard_set)
         k = len(parts)
@@ -125,7 +102,7 @@ def claim_part(
                 )
         units = plan_units(files, config.shard_input_bytes, first=sum(len(part.shards) for part in parts))
         fingerprint = plan_fingerprint(config, tokenizer, units)
-        layout = _Layout(root, k)
+        layout = Layout(root, k)
         refused = (
             f"{layout.progress}: holds an unfinished append of part {k} with other inputs, input sizes or options; "
             "rerun the same command or delete it"

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from argparse import Namespace
 
     from albert_core.tokenization import Tokenizer
-    from services.preprocess.run import PreprocessConfig
+    from services.preprocess.config import PreprocessConfig
 
 EXPECTED_INPUT = "expected a corpus file, a directory of them, a glob or an fsspec URL"
 MISSING_HINT = f"{EXPECTED_INPUT}; --on-error skip goes on without it"

@@ -15,16 +15,18 @@ here are None and a plain run fills in PreprocessConfig's.
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import Field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from albert_core.corpus import ON_ERROR
 from services.preprocess.checks import NoExamplesError, check_arguments
+from services.preprocess.config import DEFAULTS, SHAPE_FLAGS, PreprocessConfig
 
 if TYPE_CHECKING:
     from argparse import Namespace
 
-    from services.preprocess.run import PreprocessConfig, PreprocessJob
+    from services.preprocess.plan import PreprocessJob
 
 ON_ERROR_HELP = (
     "default: an --input matching nothing stops the command before it starts; bad files and records inside the "
@@ -34,20 +36,9 @@ ON_ERROR_HELP = (
 SHOWN_SKIPS = 5  # files with skips named on the console; manifest.json lists them all
 
 
-SHAPE_FLAGS = {  # the options on the command line that decide the examples' shape
-    "objective": "--objective",
-    "max_seq_length": "--max-seq-length",
-    "short_seq_prob": "--short-seq-prob",
-    "seed": "--seed",
-    "heldout_fraction": "--heldout-fraction",
-}
-
-
 def config_from_args(args: Namespace) -> PreprocessConfig:
-    """The PreprocessConfig of a plain `albert preprocess` command line (not --append-to: services.
-    preprocess_append), its numbers checked naming the option (ValueError)."""
-    from services.preprocess.run import PreprocessConfig
-
+    """The PreprocessConfig of a plain `albert preprocess` command line (not --append-to), its numbers checked
+    naming the option (ValueError)."""
     missing = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--output", args.output)) if value is None]
     if missing:
         raise ValueError(
@@ -55,39 +46,47 @@ def config_from_args(args: Namespace) -> PreprocessConfig:
         )
     if args.part_name is not None:
         raise ValueError(f"--part-name {args.part_name}: only with --append-to SHARDS")
-    defaults = {f.name: f.default for f in fields(PreprocessConfig)}
-    shape = {name: defaults[name] if getattr(args, name) is None else getattr(args, name) for name in SHAPE_FLAGS}
+    shape = {name: DEFAULTS[name] if getattr(args, name) is None else getattr(args, name) for name in SHAPE_FLAGS}
     return build_config(args, args.tokenizer, args.output, shape)
 
 
 def build_config(args: Namespace, tokenizer: str, output: str, shape: dict[str, Any]) -> PreprocessConfig:
     """The PreprocessConfig of the command line with these paths and shape options (the examples' shape: the
     command line's, or a shard set's for an append)."""
-    from services.preprocess.run import PreprocessConfig
-
     check_arguments(argparse.Namespace(**{**vars(args), **shape}))
+    flagged = {f.name: getattr(args, f.name) for f in fields(PreprocessConfig) if _flag(f) and f.name not in shape}
     return PreprocessConfig(
         inputs=args.input,
         tokenizer=tokenizer,
         output=output,
         on_error=args.on_error or "skip",
         skip_missing_inputs=args.on_error == "skip",
-        shard_input_bytes=max(1, int(args.shard_mb * (1 << 20))),
-        fmt=args.format,
-        text_field=args.text_field,
-        split=args.split,
-        num_cpus=args.num_cpus,
+        shard_input_bytes=max(1, int(args.shard_mb * MB)),
+        progress=not args.no_progress,
+        **flagged,
         **shape,
     )
+
+
+def append_from_args(args: Namespace) -> tuple[PreprocessConfig, PreprocessJob]:
+    """The config and job of an `--append-to SHARDS` command line: the set's shape options and tokenizer unless
+    given (a given one that differs is refused), everything checked before Ray."""
+    from services.preprocess.append import finished_shard_set, plan_append, set_shape, set_tokenizer
+
+    root = args.append_to
+    if args.output is not None and Path(args.output).resolve() != Path(root).resolve():
+        raise ValueError(f"--output {args.output}: not with --append-to {root} (the part is written into the set)")
+    shard_set = finished_shard_set(root)
+    shape = set_shape(shard_set, {name: getattr(args, name) for name in SHAPE_FLAGS})
+    config = build_config(args, set_tokenizer(shard_set, args.tokenizer), root, shape)
+    return config, plan_append(config, shard_set, args.tokenizer, args.part_name)
 
 
 def plan_from_args(args: Namespace) -> tuple[PreprocessConfig, PreprocessJob]:
     """The command line's config and job, everything checked before Ray (ValueError naming the option or file)."""
     if args.append_to is not None:
-        from services.preprocess.append import plan_append
-
-        return plan_append(args)
-    from services.preprocess.run import plan_preprocess
+        return append_from_args(args)
+    from services.preprocess.plan import plan_preprocess
 
     config = config_from_args(args)
     return config, plan_preprocess(config)
@@ -156,3 +155,51 @@ def report_lines(part: dict[str, Any], timings: dict[str, Any], manifest_path: s
         f"shards: {len(part['shards'])}",
         f"time: {t['total_s']:.1f}s ({speed}; {t['shards_resumed']} shards resumed)",
     ]
+
+
+MB = 1 << 20
+
+
+def _flag(f: Field) -> str | None:
+    return f.metadata.get("flag")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag for each PreprocessConfig field that has one, with the field's default and help. A shape option
+    defaults to None on the command line: with --append-to the shard set's value is taken (another is refused)."""
+    for f in fields(PreprocessConfig):
+        if not _flag(f):
+            continue
+        kwargs = dict(f.metadata["argparse"], dest=f.name)
+        kwargs.setdefault("type", type(f.default) if f.default is not None else str)
+        if f.metadata["shape"]:
+            help = f"{f.metadata['help']} (default: {f.default}; with --append-to: the shard set's, another is refused)"
+            parser.add_argument(_flag(f), default=None, help=help, **kwargs)
+        else:
+            parser.add_argument(_flag(f), default=f.default, help=f.metadata["help"], **kwargs)
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """`albert preprocess`."""
+    p = commands.add_parser("preprocess", help="corpora -> Parquet shards of SOP/NSP pair examples + manifest")
+    p.add_argument("--input", nargs="+", required=True, help="files, directories, globs or fsspec URLs")
+    p.add_argument(
+        "--tokenizer", help="spiece.model (or its directory); with --append-to: the set's, another sha256 is refused"
+    )
+    p.add_argument("--output", help="output directory (rerun into it to resume); required unless --append-to")
+    p.add_argument(
+        "--append-to",
+        metavar="SHARDS",
+        help="add the inputs to this finished shard set as its next part (instead of --output; rerun to resume)",
+    )
+    p.add_argument("--part-name", help="with --append-to: the new part's name (default: part-<k>)")
+    p.add_argument("--on-error", choices=ON_ERROR, default=None, help=ON_ERROR_HELP)
+    p.add_argument(
+        "--shard-mb",
+        type=float,
+        default=DEFAULTS["shard_input_bytes"] / MB,
+        help="input megabytes grouped into one shard",
+    )
+    _add_config_flags(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_preprocess)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -31,19 +30,15 @@ from typing import TYPE_CHECKING, Any
 from albert_core.files import file_lock, file_sha256
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.unigram import count_pieces
+from services.preprocess.layout import write_json_atomic
 
 if TYPE_CHECKING:
     from albert_core.tokenization import Tokenizer
-    from services.preprocess.run import Unit, _Layout
+    from services.preprocess.config import Unit
+    from services.preprocess.layout import Layout
 
 MANIFEST_VERSION = 2  # 2: "parts"
 COUNTS = ("examples", "tokens", "sentences", "example_tokens")  # per part, summed over parts at the top level
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def read_manifest(root: Path) -> dict[str, Any] | None:
@@ -195,7 +190,7 @@ def manifest_head(config_json: dict[str, Any], tokenizer: Tokenizer) -> dict[str
 
 
 def commit_part(
-    layout: _Layout, entry: dict, files: dict, head: dict, tokenizer: Tokenizer, timings: dict
+    layout: Layout, entry: dict, files: dict, head: dict, tokenizer: Tokenizer, timings: dict
 ) -> dict[str, Any]:
     """Write manifest.json with part `layout.part` = entry (`files`: its input files' counts), under the set's
     manifest lock: the manifest re-read there, the unigram counts recounted over every shard, then an atomic

@@ -1,25 +1,30 @@
-"""The per-unit transform of `albert preprocess`: one unit's documents → example tables (one per document group),
-held-out rows and counts. Runs in the Ray Data workers; pure Python + pyarrow, no Ray."""
+"""The per-unit work of `albert preprocess`: one unit's documents → example tables (one per document group),
+held-out rows and counts (UnitTransform), written and committed (`write_unit`: the shard and held-out part
+renamed into place, then the done marker). Runs in the Ray Data workers; pure Python + pyarrow, no Ray."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from albert_core.corpus import Document, Skip, read_documents
+from albert_core.files import file_sha256
 from albert_core.pairs import create_pairs
 from albert_core.sentences import split_sentences
 from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, example_id
 from albert_core.tokenization import Tokenizer
-
-if TYPE_CHECKING:
-    from services.preprocess.run import PreprocessConfig, Unit
+from services.preprocess.config import PreprocessConfig, Unit
+from services.preprocess.layout import Layout, write_json_atomic
 
 MAX_SKIP_EXAMPLES = 10  # skip details kept per file in the manifest
 GROUP_CHARS = 8_000_000  # a document group also closes at this many characters (bounds worker memory)
@@ -193,3 +198,51 @@ class UnitTransform:
             "pair_counts": dict(sorted(self.pair_counts.items())),
             "files": {path: asdict(stats) for path, stats in self.files.items()},
         }
+
+
+def write_unit(
+    unit: Unit, tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str, layout: Layout | None = None
+) -> dict[str, Any]:
+    """Transform one unit and commit it: shard + held-out part renamed into place, then the done marker."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    layout = layout or Layout(config.output)
+    shard, heldout = layout.shard(unit), layout.heldout_part(unit)
+    partial_shard, partial_heldout = layout.partial(shard), layout.partial(heldout)
+    layout.marker(unit).unlink(missing_ok=True)
+    transform = UnitTransform(unit, tokenizer, config)
+    try:
+        with pq.ParquetWriter(partial_shard, EXAMPLE_SCHEMA, compression="zstd") as writer:
+            for table in transform.tables():
+                if table.num_rows:
+                    writer.write_table(table, row_group_size=table.num_rows)
+        pq.write_table(transform.heldout_table(), partial_heldout, compression="zstd")
+    except BaseException:
+        partial_shard.unlink(missing_ok=True)
+        partial_heldout.unlink(missing_ok=True)
+        raise
+    os.replace(partial_shard, shard)
+    os.replace(partial_heldout, heldout)
+    summary = transform.summary()
+    summary.update(
+        fingerprint=fingerprint,
+        sha256=file_sha256(shard),
+        heldout_sha256=file_sha256(heldout),
+        seconds=round(time.perf_counter() - started, 3),
+        cpu_seconds=round(time.process_time() - cpu_started, 3),
+    )
+    write_json_atomic(layout.marker(unit), summary)
+    return summary
+
+
+def completed_summary(layout: Layout, unit: Unit, fingerprint: str) -> dict[str, Any] | None:
+    """The unit's marker if it matches this plan and its shard and held-out part still have their sha256."""
+    try:
+        summary = json.loads(layout.marker(unit).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("fingerprint") != fingerprint:
+        return None
+    for path, key in ((layout.shard(unit), "sha256"), (layout.heldout_part(unit), "heldout_sha256")):
+        if not path.is_file() or file_sha256(path) != summary.get(key):
+            return None
+    return summary

@@ -415,3 +415,19 @@ def _positive(config: RunConfig, section: str, names: tuple[str, ...]) -> None:
         value = getattr(values, name)
         if value < 1:
             raise ConfigError(f"{section}.{name}: expected a positive integer, got {value}")
+
+
+def parse_sets(pairs: list[str]) -> dict[str, object]:
+    """`--set section.field=value` (value parsed as TOML: 3, 0.1, true, "text", [1, 2])."""
+    import tomllib
+
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or "." not in key:
+            raise ValueError(f"--set {pair!r}: expected section.field=value")
+        try:
+            overrides[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            overrides[key] = value  # a bare string
+    return overrides

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_core.files import CorruptCheckpoint, atomic_write_bytes, read_state_json, verify_manifest
+from albert_core.files import CorruptCheckpoint, atomic_write_bytes, read_state_json
 from services.run import log as run_log
 from services.run import schedules
+from services.run.checkpoints import verify_checkpoint
 from services.run.config import RunConfig
 from services.run.health import plateau
 
@@ -42,14 +43,8 @@ HEARTBEAT_EVERY_S = 5.0
 LIVE_WITHIN_S = 30.0
 EVAL_TABLE_FILE = "eval.md"
 STATE_VERSION = 1
-REQUIRED_CHECKPOINT_FILES = ("config.json", "model.safetensors")
 EVAL_COLUMNS = ("mlm_acc", "mlm_loss", "sop_acc", "nsp_acc", "unigram_acc", "mlm_margin")
 _RESERVED_KEYS = ("kind", "time")
-
-
-def verify_checkpoint(directory: str | Path) -> dict[str, Any]:
-    """The checkpoint's MANIFEST.json checks out and lists the model files evaluation loads."""
-    return verify_manifest(directory, REQUIRED_CHECKPOINT_FILES)
 
 
 # --- typed state (its JSON form is coordinator.json) ------------------------------------------------------------
@@ -465,7 +460,7 @@ def eval_table(state: LedgerState) -> str:
     ]
     for entry in sorted(state.evals, key=lambda e: e.step):
         if entry.status == "done":
-            cells = [_cell(entry.metrics.get(name)) for name in EVAL_COLUMNS]
+            cells = [markdown_cell(entry.metrics.get(name)) for name in EVAL_COLUMNS]
         elif entry.status == "failed":
             cells = ["failed"] + [""] * (len(EVAL_COLUMNS) - 1)
         else:
@@ -522,5 +517,6 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _cell(value: Any) -> str:
+def markdown_cell(value: Any) -> str:
+    """A metric as a markdown table cell: floats to 4 places, None empty."""
     return f"{value:.4f}" if isinstance(value, float) else str(value if value is not None else "")

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from services.run import schedules
+from services.run.ledger import markdown_cell
 from services.run.log import METRICS_FILE, follow, last_per_step, read_metrics
 
-__all__ = ["LiveView", "read_metrics", "write_report"]
+__all__ = ["LiveView", "write_report"]
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,6 @@ class LiveView:
             writer.close()
 
 
-TRAIN_KEYS = ("loss", "mlm_acc", "pair_acc", "lr", "tokens_per_s", "dropout")
 EVAL_KEYS = ("mlm_acc", "sop_acc", "nsp_acc", "mlm_loss", "unigram_acc", "mlm_margin")
 HEALTH_EVENTS = ("plateau", "divergence", "stalled")
 
@@ -188,7 +188,7 @@ def _eval_table(evals: list[dict[str, Any]], heading: str = "## Held-out evaluat
     lines = [heading, "", "| step | " + " | ".join(keys + extra) + " |"]
     lines.append("|" + "---|" * (len(keys) + len(extra) + 1))
     for r in evals:
-        lines.append(f"| {r['step']} | " + " | ".join(_cell(r.get(k)) for k in keys + extra) + " |")
+        lines.append(f"| {r['step']} | " + " | ".join(markdown_cell(r.get(k)) for k in keys + extra) + " |")
     return [*lines, ""]
 
 
@@ -231,10 +231,6 @@ def _floor_summary(evals: list[dict[str, Any]]) -> list[str]:
         f"{last['mlm_acc'] - last['unigram_acc']:+.4f}.",
         "",
     ]
-
-
-def _cell(value: Any) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else ("" if value is None else str(value))
 
 
 def _mark_events(ax, events: list[dict[str, Any]]) -> None:

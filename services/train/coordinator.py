@@ -18,43 +18,15 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
-from albert_core.files import CorruptCheckpoint
 from albert_core.shards import HELDOUT_FILE
 from services import RAY_NAMESPACE
-from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, check_tasks, options_dict
+from services.cluster import coordinator_name
+from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, check_tasks, evaluator_slots, options_dict
 from services.run.config import RunConfig
 from services.run.health import stalled
-from services.run.ledger import (
-    HEARTBEAT_EVERY_S,
-    STATE_FILE,
-    EvalEntry,
-    RunLedger,
-    read_status,
-    touch_heartbeat,
-    verify_checkpoint,
-)
-from services.run.log import METRICS_FILE
+from services.run.ledger import HEARTBEAT_EVERY_S, EvalEntry, RunLedger, touch_heartbeat
 
-NAMESPACE = RAY_NAMESPACE
 MAX_EVAL_RETRIES = 2  # relaunches of an evaluator that died
-
-__all__ = [
-    "METRICS_FILE",
-    "NAMESPACE",
-    "STATE_FILE",
-    "Coordinator",
-    "CorruptCheckpoint",
-    "coordinator_name",
-    "evaluator_name",
-    "get_or_create_coordinator",
-    "read_status",
-    "run_status",
-    "verify_checkpoint",
-]
-
-
-def coordinator_name(run_name: str) -> str:
-    return f"albert-coordinator:{run_name}"
 
 
 def evaluator_name(run_name: str, step: int, launch: int) -> str:
@@ -216,7 +188,7 @@ class Coordinator:
         try:
             evaluator = IntrinsicEvaluator.options(
                 name=evaluator_name(self.run_name, entry.step, entry.launches),
-                namespace=NAMESPACE,
+                namespace=RAY_NAMESPACE,
                 max_restarts=0,
                 **{"num_cpus": cpus, **self.evaluator_options},
             ).remote(self.heldout_path, options_dict(self.intrinsic), None, self.downstream)
@@ -256,28 +228,6 @@ class Coordinator:
             self.ledger.eval_done(entry, result)
 
 
-def evaluator_slots(eval_cpus: float, *, training_cpus: float, cluster_cpus: float) -> tuple[float, int]:
-    """(CPUs per evaluator, evaluators at once) such that evaluators never hold a CPU the training workers need.
-
-    Evaluators get eval.cpus each only from the CPUs the cluster has beyond the training workers' (all of them, so
-    that a restarted or resumed worker group always finds its CPUs), as many at once as fit there. With no such CPU
-    (or eval.cpus = 0) one evaluator at a time runs on 0 CPUs, beside training: slower, never blocking.
-    """
-    spare = cluster_cpus - training_cpus
-    if eval_cpus <= 0 or spare < eval_cpus:
-        return 0.0, 1
-    return eval_cpus, int(spare // eval_cpus)
-
-
-def run_status(run_dir: str | Path, run_name: str, *, timeout: float = 30.0) -> dict[str, Any]:
-    """`albert status RUN`: the live coordinator's status, or the saved one when it is gone (Ray must be up)."""
-    try:
-        actor = ray.get_actor(coordinator_name(run_name), namespace=NAMESPACE)
-        return ray.get(actor.status.remote(), timeout=timeout)
-    except (ValueError, RayActorError, GetTimeoutError):  # no such actor, or it died: the run is not live here
-        return {**read_status(run_dir), "live": False}
-
-
 def get_or_create_coordinator(
     run_dir: str | Path,
     run_name: str,
@@ -302,7 +252,7 @@ def get_or_create_coordinator(
 
     unigram_for(Path(config.data.shards), config)  # stored beside the manifest, where evaluators find it
     return Coordinator.options(
-        name=coordinator_name(run_name), namespace=NAMESPACE, get_if_exists=True, lifetime=lifetime
+        name=coordinator_name(run_name), namespace=RAY_NAMESPACE, get_if_exists=True, lifetime=lifetime
     ).remote(str(Path(run_dir).resolve()), run_name, config_dict, str(heldout), evaluator_options)
 
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from albert_core.config import ConfigError
+from services.run.checkpoints import CHECKPOINTS_DIR, latest_good, list_checkpoints, read_trainer_json
 from services.run.config import RunConfig
 from services.run.log import METRICS_FILE, read_metrics
 from services.train.interrupt import run_interruptibly
 from services.train.plan import (
-    CHECKPOINTS_DIR,
     WorkerPlan,
     init_data_position,
     pjrt_device_for,
@@ -23,7 +23,6 @@ from services.train.plan import (
     resolve_token_ids,
     unigram_for,
 )
-from services.train.state import latest_good, list_checkpoints, read_trainer_json
 from services.train.worker import STOP_ENV, TRACE_ENV, train_loop_per_worker
 
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train's wait for a worker group to be placed

@@ -19,8 +19,8 @@ from albert_core.files import CorruptCheckpoint
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR, ManifestError, ShardsManifest
 from albert_core.tokenization import SPECIAL_PIECES, TokenIds, Tokenizer
 from albert_core.unigram import UnigramBaseline, load_or_count
+from services.run.checkpoints import CHECKPOINTS_DIR, read_trainer_json
 from services.run.config import RunConfig, TrainSection
-from services.train.state import read_trainer_json
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +300,3 @@ class WorkerPlan:
     @property
     def checkpoints(self) -> Path:
         return Path(self.run_dir) / CHECKPOINTS_DIR
-
-
-CHECKPOINTS_DIR = "checkpoints"

@@ -12,8 +12,9 @@ A training checkpoint is a directory (e.g. `<run_dir>/checkpoints/step_00001000`
 
 Nothing is pickled: tensors are safetensors, the rest is JSON, so loading a checkpoint cannot run code. The
 directory is built under a hidden temporary name beside its final one and renamed into place, so a reader sees
-a complete checkpoint or none; `verify` catches what the rename cannot (a disk that lost or changed bytes
-later), and `latest_good` falls back to the newest checkpoint that verifies.
+a complete checkpoint or none; `verify` (services.run.checkpoints, with the names and listing) catches what the
+rename cannot (a disk that lost or changed bytes later), and `latest_good` falls back to the newest checkpoint
+that verifies.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -37,29 +37,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from albert_core.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, load_weights, read_checkpoint, save_model
-from albert_core.files import CorruptCheckpoint, fsync_dir, verify_manifest, write_manifest
+from albert_core.checkpoint import CheckpointError, load_weights, read_checkpoint, save_model
+from albert_core.files import WEIGHTS_FILE, CorruptCheckpoint, fsync_dir, write_manifest
+from services.run.checkpoints import (
+    FORMAT,
+    OPTIMIZER_FILE,
+    REQUIRED_FILES,
+    TRAINER_FILE,
+    VERSION,
+    read_trainer_json,
+    verify,
+)
 
 log = logging.getLogger(__name__)
-
-OPTIMIZER_FILE = "optimizer.safetensors"
-TRAINER_FILE = "trainer.json"
-FORMAT = "albert-train-state"
-VERSION = 1
-REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, OPTIMIZER_FILE, TRAINER_FILE)
-STEP_DIR = re.compile(r"^step_(\d+)$")
-
-__all__ = [
-    "CorruptCheckpoint",
-    "TrainerState",
-    "checkpoint_dir",
-    "save_train_state",
-    "load_train_state",
-    "read_trainer_json",
-    "verify",
-    "latest_good",
-    "list_checkpoints",
-]
 
 
 @dataclass
@@ -88,11 +78,6 @@ class TrainerState:
         if unknown:
             raise CorruptCheckpoint(f"{source}: unknown trainer state field {unknown[0]!r}")
         return cls(**data)
-
-
-def checkpoint_dir(root: str | Path, step: int) -> Path:
-    """`root/step_XXXXXXXX`: zero-padded so names sort by step."""
-    return Path(root) / f"step_{step:08d}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -222,53 +207,8 @@ def _to_json(data: Any, what: str) -> str:
 # verify / find
 
 
-def verify(directory: str | Path) -> dict[str, Any]:
-    """Check every file against MANIFEST.json; returns the manifest or raises CorruptCheckpoint naming the file."""
-    return verify_manifest(directory, REQUIRED_FILES)
-
-
-def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of every `step_*` directory under root, newest first (hidden temporaries excluded)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and child.is_dir():
-            found.append((int(match.group(1)), child))
-    return sorted(found, reverse=True)
-
-
-def latest_good(checkpoints_root: str | Path) -> Path | None:
-    """The newest checkpoint under root that verifies; damaged or partial ones are skipped with a warning."""
-    for _, path in list_checkpoints(checkpoints_root):
-        try:
-            verify(path)
-        except CorruptCheckpoint as err:
-            log.warning("skipping damaged checkpoint %s: %s", path, err)
-            continue
-        return path
-    return None
-
-
 # --------------------------------------------------------------------------------------------------
 # load
-
-
-def read_trainer_json(directory: str | Path) -> dict[str, Any]:
-    path = Path(directory) / TRAINER_FILE
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{path}: missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CorruptCheckpoint(f"{path}: not valid JSON ({err})") from None
-    if data.get("format") != FORMAT or data.get("version") != VERSION:
-        raise CorruptCheckpoint(
-            f"{path}: format {data.get('format')!r} version {data.get('version')!r}, expected {FORMAT!r} {VERSION}"
-        )
-    return data
 
 
 def load_train_state(

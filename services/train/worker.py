@@ -37,13 +37,14 @@ import torch
 from albert_core.data_order import DataStream
 from albert_core.optim import set_schedule_position, time_position
 from albert_core.unigram import UnigramBaseline
+from services.run.checkpoints import checkpoint_dir
 from services.run.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
 from services.train.data import Prefetch, ShardRows, host_steps
 from services.train.follow import data_stream, newest_version
 from services.train.plan import ShardSet, WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
-from services.train.state import TrainerState, checkpoint_dir
+from services.train.state import TrainerState
 from services.train.step import StepStats, initial_model, make_micro_batch, optimizer_for, step_seed
 
 log = logging.getLogger(__name__)

@@ -73,7 +73,6 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "build its virtualenv with scripts/xla_venv.sh and run from there"
     ) from err
 
-from albert_core.checkpoint import save_model
 from albert_core.masking import IGNORE_INDEX
 from albert_core.model import AlbertForPreTraining
 from services.train.state import TrainerState, load_train_state, save_train_state
@@ -125,11 +124,6 @@ def compile_count() -> int:
     """
     data = met.metric_data("CompileTime")
     return 0 if data is None else int(data[0])
-
-
-def fallback_ops() -> list[str]:
-    """Aten ops that ran on the host instead of XLA so far (each is a device->host round trip per step)."""
-    return sorted(met.executed_fallback_ops())
 
 
 # --- static-shape batches ------------------------------------------------------------------------------
@@ -503,19 +497,6 @@ def to_cpu(tree):
     if isinstance(tree, (list, tuple)):
         return type(tree)(to_cpu(v) for v in tree)
     return tree
-
-
-def save_xla_model(directory: str | Path, model: nn.Module, *, rank: int | None = None) -> Path | None:
-    """Write the model as `albert_core.checkpoint.save_model` does (safetensors + config.json) from its CPU copy.
-
-    Call on every worker: pending device work is synced on all of them and only rank 0 writes (replicas hold
-    the same weights). Returns the directory on the writer, None elsewhere.
-    """
-    torch_xla.sync()
-    rank = xr.global_ordinal() if rank is None else rank
-    if rank != 0:
-        return None
-    return save_model(directory, model)  # copies each tensor to the CPU before writing
 
 
 def save_xla_train_state(

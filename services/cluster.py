@@ -1,4 +1,5 @@
-"""Run albert commands on a Ray cluster through the Ray Jobs API: submit, list, status, logs, stop.
+"""Reaching a Ray cluster: `connect` joins it as a driver (or starts an embedded local Ray), and its Jobs API runs
+albert commands there: submit, list, status, logs, stop.
 
 A job is `python -m services.cli KIND ARGS...` run on the cluster's head node, in a copy of the local working
 directory that Ray packages and uploads (the runtime_env "working_dir", without venvs, caches, corpora, runs or
@@ -12,6 +13,8 @@ Security defaults (deploy.md, "Security"):
   RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token) or from `token_file`, and is sent as an Authorization header.
   RAY_AUTH_MODE=disabled sends none; RAY_AUTH_MODE=token without a token is an error. The token is never printed,
   logged, put in an entrypoint or in a runtime_env (which anyone who can list jobs can read).
+
+Ray is imported inside the functions that use it, so the offline commands that import this module stay fast.
 """
 
 from __future__ import annotations
@@ -26,11 +29,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-if TYPE_CHECKING:
-    from argparse import _SubParsersAction
+from services import RAY_NAMESPACE
 
 # Commands that make sense as cluster jobs. `model` (e.g. `model info`) is a cheap smoke test of a cluster.
 JOB_KINDS = (
@@ -81,6 +83,38 @@ class JobRecord:
     start_time: float | None  # seconds since the epoch
     end_time: float | None
     message: str
+
+
+# --- as a driver ----------------------------------------------------------------------------------------
+
+
+def connect(address: str | None = None) -> None:
+    """Join a Ray cluster (`address`: "auto", "ray://host:10001", ...) or start an embedded local one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address or os.environ.get("RAY_ADDRESS"):  # a cluster; inside a Ray job, RAY_ADDRESS names it
+        ray.init(address=address, namespace=RAY_NAMESPACE)
+    else:
+        ray.init(include_dashboard=False, namespace=RAY_NAMESPACE, log_to_driver=False)
+
+
+def coordinator_name(run_name: str) -> str:
+    """The name of a run's coordinator actor in albert's namespace (services.train.coordinator)."""
+    return f"albert-coordinator:{run_name}"
+
+
+def live_status(run_name: str, *, timeout: float = 30.0) -> dict[str, Any] | None:
+    """The status the run's live coordinator reports, or None when it has none on this cluster (or it died)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        actor = ray.get_actor(coordinator_name(run_name), namespace=RAY_NAMESPACE)
+        return ray.get(actor.status.remote(), timeout=timeout)
+    except (ValueError, RayActorError, GetTimeoutError):  # no such actor, or it died: the run is not live here
+        return None
 
 
 # --- address and token ---------------------------------------------------------------------------------
@@ -159,7 +193,7 @@ def resolve_token(token_file: str | os.PathLike | None = None, environ: Mapping[
     return None
 
 
-def connect(
+def job_server(
     address: str | None = None,
     *,
     token_file: str | os.PathLike | None = None,
@@ -252,7 +286,7 @@ def submit_entrypoint(
     token = resolve_token(token_file, environ)
     if token and (token in entrypoint or token in json.dumps(env)):
         raise JobsError("refusing to submit: the cluster token would be stored in the job's entrypoint/runtime_env")
-    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    client = job_server(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
     job_id = _call(client, "submit_job", entrypoint=entrypoint, runtime_env=env, metadata=dict(metadata or {}))
     if wait:
         status = _wait(client, job_id, timeout_s)
@@ -311,7 +345,7 @@ def list_jobs(
     environ: Mapping[str, str] | None = None,
 ) -> list[JobRecord]:
     """Submitted jobs, oldest first."""
-    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    client = job_server(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
     records = [_record(info) for info in _call(client, "list_jobs") if info.submission_id]
     return sorted(records, key=lambda r: r.start_time or 0.0)
 
@@ -324,7 +358,7 @@ def job_status(
     allow_insecure: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> JobRecord:
-    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    client = job_server(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
     return _record(_call(client, "get_job_info", job_id))
 
 
@@ -339,7 +373,7 @@ def job_logs(
     environ: Mapping[str, str] | None = None,
 ) -> str:
     """The job's driver output so far; with `follow`, stream it to `out` (stdout) until the job ends."""
-    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    client = job_server(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
     if not follow:
         return _call(client, "get_job_logs", job_id)
     out = sys.stdout if out is None else out
@@ -370,7 +404,7 @@ def stop_job(
 ) -> str:
     """Ask the job to stop (SIGTERM, then SIGKILL after Ray's grace period); returns its status (after it ended,
     with `wait`)."""
-    client = connect(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
+    client = job_server(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
     _call(client, "stop_job", job_id)
     if wait:
         return _wait(client, job_id, timeout_s)
@@ -421,14 +455,3 @@ def split_submit_args(args: list[str]) -> tuple[list[str], list[str]]:
             job.append(arg)
         i += 1
     return own, job
-
-
-def register(commands: _SubParsersAction) -> None:
-    """Add `albert submit` and `albert jobs list|status|logs|stop` to `commands` as `albert` has them.
-
-    The parsers and their handlers are in services.jobs.cli; this stays for callers that build a parser of their
-    own (tests/test_jobs.py).
-    """
-    from services import jobs_cli
-
-    jobs_cli.add_jobs_commands(commands)

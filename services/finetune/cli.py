@@ -1,0 +1,212 @@
+"""`albert finetune`: its flags and handler. One run in this process (a step progress bar), or seeds as Ray tasks
+(services.finetune.run); each seed's line and the summary table (services.finetune.console); after Ctrl-C the
+partial summary and exit status 130. For `--task custom` the user's tables are read and checked before Ray starts
+(albert_core.downstream.custom_splits)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from services.finetune.run import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
+
+if TYPE_CHECKING:
+    from argparse import Namespace
+
+
+INTERRUPTED_EXIT = 130  # the shell's code for a command ended by SIGINT (128 + 2)
+
+
+def add_custom_data_arguments(parser) -> None:
+    """`albert finetune --task custom`: the user's own table files and their columns (an argument group)."""
+    group = parser.add_argument_group(
+        "your own data (--task custom)",
+        "classification (any number of classes) or regression on single texts or text pairs, from CSV, TSV, "
+        "JSONL/JSON or Parquet files with named columns",
+    )
+    group.add_argument("--train", help="the training table (.csv, .tsv, .jsonl, .json, .parquet)")
+    group.add_argument("--dev", help="the dev table (default: --dev-fraction of --train held out)")
+    group.add_argument("--test", help="a table to predict (predictions_test.csv); scored if it has the label column")
+    group.add_argument("--text-column", default="text", help="the text column (default: text)")
+    group.add_argument("--text-pair-column", help="the second text of a pair (default: single texts)")
+    group.add_argument("--label-column", default="label", help="the label column (default: label)")
+    group.add_argument("--id-column", help="names rows in the prediction files (default: the row's index)")
+    group.add_argument("--regression", action="store_true", help="labels are numbers to predict (Pearson/Spearman)")
+    group.add_argument("--dev-fraction", type=float, default=0.1, help="held out of --train without --dev (0.1)")
+    group.add_argument("--split-seed", type=int, help="seed of that held-out draw (default 12345; not --seed)")
+
+
+_CUSTOM_FLAGS = ("train", "dev", "test", "text_pair_column", "id_column", "split_seed")
+
+
+def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Path) -> str:
+    """The data argument of the configs. For --task custom (--train/--dev/--test, or --data: a folder holding
+    train.csv, dev.csv, test.csv in any table format) the files are read and checked here, before Ray starts, the
+    split written to output/split.json and the CustomDataConfig put into `overrides`."""
+    given = [f"--{k.replace('_', '-')}" for k in _CUSTOM_FLAGS if getattr(args, k, None) is not None]
+    given += ["--regression"] if getattr(args, "regression", False) else []
+    if task != "custom":
+        if given:
+            raise ValueError(f"albert finetune: {given[0]} is for --task custom; --task {task} reads --data")
+        if not args.data:
+            raise ValueError(f"albert finetune: --task {task} needs --data (the task's data folder)")
+        return args.data
+    from albert_core.downstream.custom_splits import CustomDataConfig, load_custom_splits, split_files
+
+    files = {"train": args.train, "dev": args.dev, "test": args.test}
+    if args.data:
+        if any(files.values()):
+            raise ValueError("albert finetune: --task custom reads --train/--dev/--test or --data (a folder), not both")
+        files = split_files(args.data)
+    if not files["train"]:
+        raise ValueError("albert finetune: --task custom needs --train (a .csv, .tsv, .jsonl, .json or .parquet file)")
+    names = ("text_column", "text_pair_column", "label_column", "id_column")
+    fields = files | {k: getattr(args, k) for k in names} | {"regression": args.regression}
+    fields["dev_fraction"] = args.dev_fraction
+    if args.split_seed is not None:
+        fields["split_seed"] = args.split_seed
+    custom = CustomDataConfig(**fields)
+    splits = load_custom_splits(custom)
+    print(splits.describe())
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "split.json").write_text(json.dumps(splits.record(), indent=2) + "\n")
+    overrides["custom"] = custom
+    return custom.train
+
+
+def _cli_overrides(args: Namespace) -> dict[str, Any]:
+    from albert_core.config import AlbertConfig
+
+    flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")
+    flags += ("micro_batch_size", "tokenizer", "device", "precision", "pooling")
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
+    if args.save_model:
+        overrides["save_model"] = True
+    if args.preset:
+        if args.checkpoint:
+            raise ValueError("albert finetune: give --checkpoint (pretrained) or --preset (random init), not both")
+        if not args.tokenizer:
+            raise ValueError("albert finetune: --preset (random init) needs --tokenizer")
+        from albert_core.tokenization import Tokenizer
+
+        vocab = Tokenizer.load(args.tokenizer).vocab_size
+        overrides["model"] = AlbertConfig.preset(args.preset, vocab_size=vocab)
+    elif not args.checkpoint:
+        raise ValueError("albert finetune: --checkpoint (a pretrained model directory) or --preset is required")
+    return overrides
+
+
+def cmd_finetune(args: Namespace) -> int:
+    """`albert finetune`: one run in this process (a step progress bar), or seeds as Ray tasks; the summary table,
+    or after Ctrl-C the partial summary and exit status INTERRUPTED_EXIT."""
+    from albert_core.finetune_config import canonical_task
+    from services.finetune.console import print_summary
+
+    task = canonical_task(args.task)
+    seeds = args.seeds if args.seeds is not None else default_seeds(task)
+    seed_values = [args.seed + i for i in range(seeds)]
+    output = Path(args.output or Path("runs") / "finetune" / task)
+    try:
+        summary = _finetune_from_cli(args, task, seed_values, output)
+    except KeyboardInterrupt as interrupted:
+        return report_interrupted(interrupted, task, seed_values, output)
+    print_summary(summary, output)
+    return 0
+
+
+def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], output: Path) -> dict[str, Any]:
+    from albert_core.finetuning import finetune
+
+    overrides = _cli_overrides(args)
+    data = _task_data(args, task, overrides, output)
+    configs = seed_configs(task, args.checkpoint, data, seeds=seed_values, overrides=overrides, output_dir=output)
+    configs[0].tokenizer_path()  # a missing or mismatched tokenizer is an error now, not in every run
+    if len(configs) == 1 and not args.ensemble:  # one run: in this process, with a step progress bar
+        configs[0].progress = True
+        result = finetune(configs[0])
+        return summarize([result], output) | {"results": [result]}
+    if args.address:
+        import ray
+
+        ray.init(address=args.address)
+    return run_downstream(
+        task,
+        args.checkpoint,
+        data,
+        seeds=seed_values,
+        overrides=overrides,
+        output_dir=output,
+        ensemble=args.ensemble,
+        num_cpus=args.cpus_per_run,
+        num_gpus=args.gpus_per_run,
+        progress=True,
+    )
+
+
+def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequence[int], output: Path) -> int:
+    """After Ctrl-C: summarize the runs that finished, a line per run that did not (its best dev evaluation so
+    far), summary.json marked interrupted; returns INTERRUPTED_EXIT."""
+    from albert_core.finetuning import json_safe
+    from services.finetune.console import print_interrupted, run_log, unfinished_line
+
+    finished = list(getattr(interrupted, "results", []))  # SeedsInterrupted: the Ray runs that finished
+    partial = getattr(interrupted, "result", None)  # FinetuneInterrupted: the in-process run so far
+    metric = (partial or (finished[0] if finished else {})).get("metric")
+    done = {r["seed"] for r in finished}
+    unfinished = []
+    for seed in (s for s in seeds if s not in done):
+        if partial is not None and partial["seed"] == seed:
+            line = unfinished_line(seed, partial["history"], metric, partial["hyperparams"]["train_steps"])
+        else:
+            line = unfinished_line(seed, run_log(output / f"seed_{seed}"), metric, None)
+        unfinished.append(line)
+    summary = summarize(finished, output) | {"results": finished} if finished else None
+    record = dict(summary or {"task": task, "runs": 0})
+    record.pop("results", None)
+    record.update(interrupted=True, planned_seeds=list(seeds), unfinished=unfinished)
+    wrote = output.is_dir()
+    if wrote:
+        (output / "summary.json").write_text(json.dumps(json_safe(record), indent=2) + "\n")
+        if summary is None:
+            (output / "summary.md").write_text(f"# {task}: interrupted before any run finished\n")
+    print_interrupted(summary, unfinished, len(seeds), output, wrote)
+    return INTERRUPTED_EXIT
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """`albert finetune`."""
+    parser = commands.add_parser(
+        "finetune",
+        help="fine-tune a checkpoint on GLUE / SQuAD / RACE / polarity / your own data (several seeds on Ray)",
+        description="Fine-tune with the paper's recipe for the task; several seeds run as parallel Ray tasks and "
+        "the dev metrics are summarized by their median.",
+    )
+    parser.add_argument("--task", required=True, help=", ".join(TASKS))
+    parser.add_argument("--data", help="the task's data folder (official layout; custom: train.csv, dev.csv, ...)")
+    parser.add_argument("--checkpoint", help="pretrained model directory (ours or transformers')")
+    parser.add_argument("--preset", help="instead of --checkpoint: a randomly initialized preset (baseline)")
+    parser.add_argument("--tokenizer", help="spiece.model (default: found in or above the checkpoint directory)")
+    parser.add_argument("--seeds", type=int, help="number of runs (default: 5 for GLUE, else 1)")
+    parser.add_argument("--seed", type=int, default=BASE_SEED, help="first seed; runs use seed, seed+1, ...")
+    parser.add_argument("--max-steps", type=int, help="shorter run: train steps (warmup scaled alike)")
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--max-seq-length", type=int)
+    parser.add_argument("--optimizer", choices=["adamw", "lamb"])
+    parser.add_argument("--eval-every", type=int, help="steps between dev evaluations (0: only at the end)")
+    parser.add_argument("--patience", type=int, help="early stopping: evaluations without improvement")
+    parser.add_argument("--micro-batch-size", type=int, help="gradient accumulation in micro batches of this size")
+    parser.add_argument("--device", help="auto | cpu | cuda")
+    parser.add_argument("--precision", choices=["fp32", "bf16"])
+    parser.add_argument("--pooling", choices=["cls", "mean"], help="what the task head reads (default: the model's)")
+    parser.add_argument("--ensemble", action="store_true", help="also score the average of the runs' outputs")
+    parser.add_argument("--save-model", action="store_true", help="keep each run's best model")
+    parser.add_argument("--output", help="output folder (default runs/finetune/<task>)")
+    parser.add_argument("--cpus-per-run", type=float, default=1)
+    parser.add_argument("--gpus-per-run", type=float, default=0)
+    parser.add_argument("--address", help="Ray cluster address (default: a local Ray started here)")
+    add_custom_data_arguments(parser)
+    parser.set_defaults(func=cmd_finetune)

@@ -1,0 +1,57 @@
+"""Where one part of a shard set goes on disk while it is made: shards, progress markers, partial files, the
+held-out part and the plan; and the atomic JSON write every marker uses.
+
+    <output>/train/shard-XXXXX.parquet               every part's shards
+    <output>/.progress/[part-k/]plan.json           the plan a part's run claimed (its fingerprint)
+    <output>/.progress/[part-k/]shard-XXXXX.json    a unit's done marker (its commit point)
+    <output>/.progress/manifest.lock                held while manifest.json is rewritten or a part is claimed
+    <output>/heldout/documents.parquet | part-k.parquet
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from pathlib import Path
+
+from albert_core.shards import HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR
+from services.preprocess.config import Unit
+
+PROGRESS_DIR = ".progress"  # plan.json, done markers, partial files
+PLAN_FILE = "plan.json"
+LOCK_FILE = "manifest.lock"  # in .progress/: held while manifest.json is rewritten or an append claims its part
+
+
+class Layout:
+    """Where one part's files go. Shards of every part: train/. Part 0 (a plain preprocess): progress in
+    .progress/, held-out documents in heldout/documents.parquet; part k of an append: .progress/part-k/ and
+    heldout/part-k.parquet."""
+
+    def __init__(self, output: str, part: int = 0):
+        self.root, self.part = Path(output), part
+        self.train = self.root / TRAIN_DIR
+        self.lock = self.root / PROGRESS_DIR / LOCK_FILE
+        self.progress = self.root / PROGRESS_DIR / (f"part-{part}" if part else "")
+        self.plan = self.progress / PLAN_FILE
+        self.manifest = self.root / MANIFEST_FILE
+        self.heldout_name = f"{posixpath.dirname(HELDOUT_FILE)}/part-{part}.parquet" if part else HELDOUT_FILE
+        self.heldout = self.root / self.heldout_name
+
+    def shard(self, unit: Unit) -> Path:
+        return self.train / unit.shard_name
+
+    def marker(self, unit: Unit) -> Path:
+        return self.progress / f"shard-{unit.index:05d}.json"
+
+    def heldout_part(self, unit: Unit) -> Path:
+        return self.progress / f"heldout-{unit.index:05d}.parquet"
+
+    def partial(self, path: Path) -> Path:
+        return self.progress / f"{path.name}.partial"
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,44 @@
+"""`albert pretrain`: its flags and handler (the job itself: services.train.pretrain)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from services.run.config import RunConfig, parse_sets
+    from services.train.interrupt import StoppedAtOnce
+    from services.train.pretrain import pretrain
+
+    overrides = parse_sets(args.set)
+    if args.resume:
+        run_dir = Path(args.resume)
+        overrides.update({"run.name": run_dir.name, "run.output_dir": str(run_dir.parent)})
+    config = RunConfig.load(args.config, overrides)
+    try:
+        result = pretrain(config, address=args.address, resume=not args.fresh, progress=not args.no_progress)
+    except StoppedAtOnce:
+        from services.run.checkpoints import CHECKPOINTS_DIR, latest_good
+
+        newest = latest_good(config.run_dir / CHECKPOINTS_DIR)
+        print(f"albert: stopped at once (second Ctrl-C); newest checkpoint: {newest}", file=sys.stderr)
+        return 130
+    if result.stopped:
+        print(f"albert: stopped at step {result.step}: {result.stopped}", file=sys.stderr)
+        return 130 if result.interrupted else 3
+    print(f"finished at step {result.step}; checkpoint {result.checkpoint}; metrics {result.metrics_file}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """`albert pretrain`."""
+    pre = commands.add_parser("pretrain", help="pretrain with a run recipe (configs/NAME.toml or a path)")
+    pre.add_argument("--config", required=True, help="tiny, albert-base, ... or a TOML file")
+    pre.add_argument("--address", help="Ray cluster address (auto, ray://host:10001); default: embedded local Ray")
+    pre.add_argument("--resume", metavar="RUN_DIR", help="continue this run directory from its newest good checkpoint")
+    pre.add_argument("--fresh", action="store_true", help="refuse to reuse a run directory that has checkpoints")
+    pre.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a field")
+    pre.add_argument("--no-progress", action="store_true")
+    pre.set_defaults(func=cmd_pretrain)

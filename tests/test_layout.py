@@ -1,0 +1,203 @@
+"""The code's layout: imports run one way through the layers, nothing imports in a cycle, and the offline commands
+start without Ray or torch.
+
+The import graph is read from the source (ast), function-local and TYPE_CHECKING imports included, so an import
+hidden inside a function to dodge a cycle still counts as one.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("albert_core", "services")
+
+# Highest first: a module may import its own stage's modules and those of any lower layer, never a higher one or a
+# sibling stage of its own layer. The package `services` itself holds only RAY_NAMESPACE.
+LAYERS = (
+    ("services.cli",),
+    ("services.demo", "services.experiments", "services.jobs"),
+    ("services.train",),
+    ("services.eval",),
+    ("services.finetune", "services.preprocess"),
+    ("services.run", "services.data"),
+    ("services.cluster",),
+    ("services",),
+    ("albert_core",),
+)
+MAX_TOP_LEVEL_MODULES = 5  # services/*.py beside the stage folders
+
+
+def module_files() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `name` imports anywhere in its source (the deepest module each import names)."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = name.split(".") if is_package else name.split(".")[:-1]
+                parent = parent[: len(parent) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def stage_of(module: str) -> tuple[int, str]:
+    """(layer index, stage prefix) of a module: the longest prefix in LAYERS that names it or a package above it."""
+    best = None
+    for layer, stages in enumerate(LAYERS):
+        for stage in stages:
+            if (module == stage or module.startswith(stage + ".")) and (best is None or len(stage) > len(best[1])):
+                best = (layer, stage)
+    assert best is not None, f"{module}: in no layer of LAYERS"
+    return best
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_the_graph_reader_sees_function_local_imports_and_cycles():
+    source = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(source) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    # services.cli imports each stage's cli inside no function, services.demo imports services.train.pretrain
+    # inside run_demo: both must be seen
+    graph = import_graph()
+    assert "services.train.pretrain" in graph["services.demo"]
+    assert "services.preprocess.cli" in graph["services.cli"]
+
+
+def test_no_import_cycle_among_the_modules_of_services_and_albert_core():
+    assert find_cycle(import_graph()) is None
+
+
+def test_imports_run_down_the_layers_never_up_or_sideways():
+    wrong = []
+    for module, targets in import_graph().items():
+        layer, stage = stage_of(module)
+        for target in targets:
+            target_layer, target_stage = stage_of(target)
+            if target_stage != stage and target_layer <= layer:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_albert_core_imports_neither_ray_nor_services():
+    offenders = []
+    for path in (ROOT / "albert_core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("ray", "services")]
+    assert offenders == []
+
+
+def test_services_has_at_most_five_top_level_modules_beside_its_stage_folders():
+    top = sorted(p.name for p in (ROOT / "services").glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+    stages = sorted(p.name for p in (ROOT / "services").iterdir() if (p / "__init__.py").is_file())
+    assert stages == ["data", "eval", "experiments", "finetune", "jobs", "preprocess", "run", "train"]
+
+
+# A process in which `import ray` and `import torch` fail, running `albert ARGS`.
+WITHOUT_RAY_AND_TORCH = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.partition(".")[0] in ("ray", "torch"):
+                raise ImportError(f"{name} is not importable in this test")
+
+    sys.meta_path.insert(0, Refuse())
+    from services.cli import main
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def albert_without_ray_and_torch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_RAY_AND_TORCH, *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A run directory as a finished run leaves it, written by the ledger alone (no training)."""
+    from services.run.config import RunConfig
+    from services.run.ledger import RunLedger
+
+    config = RunConfig.load("tiny", {"run.output_dir": str(tmp_path_factory.mktemp("runs")), "run.name": "r"})
+    ledger = RunLedger(config.run_dir, config.run.name, config.to_dict())
+    ledger.report(10, {"loss": 3.5})
+    ledger.save()
+    return config.run_dir
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["status", "RUN"], ["eval", "list", "RUN"], ["model", "info", "--preset", "albert-base"]],
+    ids=lambda args: " ".join(args),
+)
+def test_offline_commands_run_without_ray_or_torch(args, finished_run):
+    done = albert_without_ray_and_torch(*[str(finished_run) if a == "RUN" else a for a in args])
+    assert done.returncode == 0, done.stderr
+    assert "not importable" not in done.stderr
+
+
+def test_a_command_that_needs_torch_fails_where_it_is_refused():
+    """The harness above refuses for real: a command that needs torch fails under it."""
+    done = albert_without_ray_and_torch("convert", "nowhere", "elsewhere")
+    assert done.returncode != 0 and "not importable" in done.stderr
