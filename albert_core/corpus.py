@@ -5,13 +5,19 @@ why not (so counts add up: documents read + documents skipped = documents in the
 (`redirect`, `namespace`, `markup_only`) are normal; the others are bad input, and with `on_error="fail"` they
 raise `CorpusError` instead, naming the file, the line/record and what was expected.
 
-Formats (`fmt="auto"` picks one from the extension, after a `.gz` / `.bz2` / `.xz` suffix):
+Formats (`fmt="auto"` picks one from the extension, after a `.gz` / `.bz2` / `.xz` / `.zst` suffix):
 - text (`.txt`, `.text`, `.md`, no extension): `split="file"` makes each file one document;
   `split="blank_line"` makes each run of non-blank lines one document.
 - jsonl (`.jsonl`, `.ndjson`): one JSON object per line, the document in `text_field`; blank lines ignored.
 - parquet (`.parquet`, `.pq`): one row per document, the document in column `text_field`.
 - mediawiki (`.xml`): a MediaWiki export; one article (namespace 0, not a redirect) per document, its
   wikitext stripped to prose by `albert_core.wikitext.strip_wikitext`.
+
+A big file is read in parts by `read_region` (albert_core.regions plans them): bytes [start, stop) of an
+uncompressed text, JSONL or MediaWiki file cut on record boundaries, row groups of a Parquet file, bzip2 streams of
+a MediaWiki multistream dump, or a chunk of whole records a single-stream compressed file was cut into as it was
+read. Each document is read whole by exactly one region, as it is when the file is read whole; a line's location in
+a byte range is "byte START + line N" (its line number in the file is not known without reading what precedes it).
 
 Documents longer than `max_document_chars` are skipped (reason `too_long`), not chunked: reading stops
 collecting as soon as the limit is passed, so a 50 MB line costs a few MB of memory, not 50. A MediaWiki page is
@@ -20,7 +26,11 @@ collected up to 4 x max_document_chars of wikitext (markup included) and skipped
 
 from __future__ import annotations
 
+import bz2
 import codecs
+import contextlib
+import gzip
+import io
 import json
 import lzma
 import os
@@ -49,12 +59,19 @@ EXTENSIONS = {
     ".pq": "parquet",
     ".xml": "mediawiki",
 }
-COMPRESSIONS = (".gz", ".bz2", ".xz")
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 
 # Skips that are expected filtering, not bad input: never raised, whatever on_error says.
 FILTER_REASONS = frozenset({"redirect", "namespace", "markup_only"})
 
 _CHUNK = 1 << 20  # bytes read per line piece
+try:
+    from zstandard import ZstdError
+except ImportError:  # .zst corpora need zstandard (a dependency of albert); without it none can be read
+    ZstdError = OSError
+
+# What reading a file can raise that makes it unreadable (from here on): a skip, not a crash.
+READ_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError, ZstdError)
 _HEAD = 8192  # bytes inspected for NUL to call a file binary
 
 
@@ -80,6 +97,50 @@ class CorpusError(ValueError):
     def __init__(self, skip: Skip):
         super().__init__(f"{skip.source}: {skip.location}: {skip.reason}: {skip.detail}")
         self.skip = skip
+
+
+@dataclass(frozen=True)
+class Region:
+    """The part of one file a reader reads on its own (albert_core.regions plans them).
+
+    how: "bytes"       bytes [start, stop) of an uncompressed text, JSONL or MediaWiki file, cut on record bounds
+         "bz2_streams" bytes [start, stop) of a bzip2 multistream MediaWiki dump, cut on stream bounds
+         "row_groups"  row groups [start, stop) of a Parquet file
+         "chunk"       whole records of a compressed file's decompressed stream, handed over in memory; start is
+                       the number of its first line in the stream, stop its byte offset there (for messages)
+    first / last: the region begins / ends the file (a MediaWiki region is given the export's root tags it lacks).
+    """
+
+    how: str
+    start: int
+    stop: int
+    first: bool
+    last: bool
+
+    HOWS = ("bytes", "bz2_streams", "row_groups", "chunk")
+
+    def __post_init__(self) -> None:
+        if self.how not in self.HOWS:
+            raise ValueError(f"Region.how must be one of {self.HOWS}, got {self.how!r}")
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where a reader's data lies in its file: file-level checks apply to the whole file only (and the head checks
+    to the region that begins it), and line locations are labelled in file terms."""
+
+    first: bool = True  # the data begins the file
+    whole: bool = True  # the data is the whole file
+    first_line: int | None = 1  # the number of the data's first line in the file, when known
+    byte: int = 0  # the data's first byte in the file (labels lines when first_line is unknown)
+
+    def line(self, n: int) -> str:
+        if self.first_line is not None:
+            return f"line {self.first_line + n - 1}"
+        return f"byte {self.byte} + line {n}"
+
+
+WHOLE = _Place()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -180,17 +241,161 @@ def _read_file(source: str, fmt: str, text_field: str, split: str, max_chars: in
         if fs.isdir(root):
             yield Skip(source, "file", "unreadable", "expected a file, found a directory")
             return
-        with fsspec.open(source, "rb", compression="infer") as f:
-            if kind == "text":
-                yield from _read_text(source, f, split, max_chars)
-            elif kind == "jsonl":
-                yield from _read_jsonl(source, f, text_field, max_chars)
-            elif kind == "parquet":
-                yield from _read_parquet(source, f, text_field, max_chars)
-            else:
-                yield from _read_mediawiki(source, f, max_chars)
-    except (OSError, EOFError, zlib.error, lzma.LZMAError) as err:
+        with fsspec.open(source, "rb") as raw, open_decompressed(raw, compression_of(source)) as f:
+            yield from _read_kind(kind, source, f, text_field, split, max_chars, WHOLE)
+    except READ_ERRORS as err:
         yield Skip(source, "file", "unreadable", f"{type(err).__name__}: {err}")
+
+
+def compression_of(path: str) -> str | None:
+    """The compression suffix of a file name (COMPRESSIONS), or None."""
+    name = path.lower()
+    return next((c for c in COMPRESSIONS if name.endswith(c)), None)
+
+
+def open_decompressed(raw, compression: str | None):
+    """A readable binary file of the decompressed bytes of `raw` (itself when `compression` is None). Every stream
+    or frame of the file is read: concatenated gzip members, bzip2 streams and zstd frames, as the tools that
+    wrote them do."""
+    if compression is None:
+        return contextlib.nullcontext(raw)
+    if compression == ".gz":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if compression == ".bz2":
+        return bz2.BZ2File(raw, "rb")
+    if compression == ".xz":
+        return lzma.LZMAFile(raw, "rb")
+    import zstandard
+
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)
+    return io.BufferedReader(reader, buffer_size=_CHUNK)  # readline, which the text readers use
+
+
+def _read_kind(
+    kind: str, source: str, f, text_field: str, split: str, max_chars: int, place: _Place, row_groups=None
+) -> Iterator[Document | Skip]:
+    if kind == "text":
+        yield from _read_text(source, f, split, max_chars, place)
+    elif kind == "jsonl":
+        yield from _read_jsonl(source, f, text_field, max_chars, place)
+    elif kind == "parquet":
+        yield from _read_parquet(source, f, text_field, max_chars, place, row_groups)
+    else:
+        yield from _read_mediawiki(source, f, max_chars, place)
+
+
+def read_region(
+    source: str,
+    region: Region,
+    *,
+    payload: bytes | None = None,
+    fmt: str = "auto",
+    on_error: str = "skip",
+    text_field: str = "text",
+    split: str = "file",
+    max_document_chars: int = MAX_DOCUMENT_CHARS,
+) -> Iterator[Document | Skip]:
+    """Stream the Documents (and Skips) of one region of `source`; a "chunk" region's bytes are `payload`. Every
+    document whose record begins in the region is read whole, as reading the whole file reads it."""
+    kind = detect_format(source) if fmt == "auto" else fmt
+    place = _Place(
+        first=region.first,
+        whole=region.first and region.last,
+        first_line=region.start if region.how == "chunk" else (1 if region.start == 0 else None),
+        byte=region.stop if region.how == "chunk" else region.start,
+    )
+    try:
+        with _open_region(source, region, payload) as f:
+            if kind == "mediawiki":
+                f = _WithRoot(f, opened=not region.first, closed=not region.last)
+            rows = (region.start, region.stop) if region.how == "row_groups" else None
+            for record in _read_kind(kind, source, f, text_field, split, max_document_chars, place, rows):
+                if isinstance(record, Skip) and on_error == "fail" and record.reason not in FILTER_REASONS:
+                    raise CorpusError(record)
+                yield record
+    except READ_ERRORS as err:
+        where = f"bytes {region.start}-{region.stop}" if region.how == "bytes" else f"{region.how} {region.start}"
+        skip = Skip(source, where, "unreadable", f"{type(err).__name__}: {err}")
+        if on_error == "fail":
+            raise CorpusError(skip) from None
+        yield skip
+
+
+@contextlib.contextmanager
+def _open_region(source: str, region: Region, payload: bytes | None):
+    if region.how == "chunk":
+        if payload is None:
+            raise ValueError(f"{source}: a chunk region is read from its payload, and none was given")
+        yield io.BytesIO(payload)
+        return
+    with fsspec.open(source, "rb") as raw:  # no decompression: the region is a part of the file's own bytes
+        if region.how == "row_groups":
+            yield raw
+            return
+        raw.seek(region.start)
+        window = _Window(raw, region.stop - region.start)
+        yield _Bz2Streams(window) if region.how == "bz2_streams" else window
+
+
+class _Window:
+    """read(n) over the next `size` bytes of a file (end of file after them)."""
+
+    def __init__(self, f, size: int):
+        self.f, self.left = f, size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        data = self.f.read(n) if n else b""
+        self.left -= len(data)
+        return data
+
+    def readline(self, limit: int = -1) -> bytes:
+        limit = self.left if limit < 0 else min(limit, self.left)
+        line = self.f.readline(limit) if limit else b""
+        self.left -= len(line)
+        return line
+
+
+class _Bz2Streams:
+    """read(n) of the decompressed bytes of consecutive bzip2 streams (a multistream dump's region)."""
+
+    def __init__(self, f):
+        self.f, self.out = f, b""
+        self.decompressor = bz2.BZ2Decompressor()
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self.out) < n:
+            data = self.f.read(_CHUNK)
+            if not data:
+                break
+            while data:
+                if self.decompressor.eof:  # the next stream begins in the bytes the last one left over
+                    self.decompressor = bz2.BZ2Decompressor()
+                self.out += self.decompressor.decompress(data)
+                data = self.decompressor.unused_data if self.decompressor.eof else b""
+        if n < 0:
+            n = len(self.out)
+        chunk, self.out = self.out[:n], self.out[n:]
+        return chunk
+
+
+class _WithRoot:
+    """read(n) of a MediaWiki region with the export's root element around it where the region lacks it."""
+
+    def __init__(self, f, *, opened: bool, closed: bool):
+        self.f = f
+        self.head = b"<mediawiki>" if opened else b""
+        self.tail = b"</mediawiki>" if closed else b""
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            out, self.head = self.head, b""
+            return out
+        data = self.f.read(n)
+        if data:
+            return data
+        out, self.tail = self.tail, b""
+        return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -275,12 +480,12 @@ def _line_pieces(reader: _HeadReader) -> Iterator[tuple[int, str | _Problem, boo
             lineno += 1
 
 
-def _read_text(source: str, f, split: str, max_chars: int) -> Iterator[Document | Skip]:
+def _read_text(source: str, f, split: str, max_chars: int, place: _Place = WHOLE) -> Iterator[Document | Skip]:
     reader, head = _open_head(f)
-    if not head:
+    if place.first and not head:
         yield Skip(source, "file", "empty", "the file is empty: expected text")
         return
-    if b"\0" in head:
+    if place.first and b"\0" in head:
         yield Skip(source, "file", "binary", f"NUL byte in the first {len(head)} bytes: expected a text file")
         return
     by_file = split == "file"
@@ -328,15 +533,15 @@ def _read_text(source: str, f, split: str, max_chars: int) -> Iterator[Document 
             if problem is None:
                 parts.append("".join(line).replace("\r\n", "\n"))
         elif started:  # a blank line ends the current document
-            yield finish(f"line {start}")
+            yield finish(place.line(start))
             documents += 1
             parts, chars, problem, started = [], 0, None, False
         line, line_blank = [], True
     if by_file:
         yield finish("file")
     elif started:
-        yield finish(f"line {start}")
-    elif documents == 0:
+        yield finish(place.line(start))
+    elif documents == 0 and place.whole:
         yield Skip(source, "file", "empty", "the file has only blank lines: expected text")
 
 
@@ -344,12 +549,12 @@ def _read_text(source: str, f, split: str, max_chars: int) -> Iterator[Document 
 # JSONL
 
 
-def _read_jsonl(source: str, f, text_field: str, max_chars: int) -> Iterator[Document | Skip]:
+def _read_jsonl(source: str, f, text_field: str, max_chars: int, place: _Place = WHOLE) -> Iterator[Document | Skip]:
     reader, head = _open_head(f)
-    if not head:
+    if place.first and not head:
         yield Skip(source, "file", "empty", "the file is empty: expected JSON lines")
         return
-    if b"\0" in head:
+    if place.first and b"\0" in head:
         yield Skip(source, "file", "binary", f"NUL byte in the first {len(head)} bytes: expected JSON lines")
         return
     # a record may escape every character (\uXXXX, 6 bytes), so its line may be up to 6x the text limit
@@ -359,7 +564,7 @@ def _read_jsonl(source: str, f, text_field: str, max_chars: int) -> Iterator[Doc
     for lineno, piece, ends in _line_pieces(reader):
         if isinstance(piece, _Problem):
             records += 1
-            yield Skip(source, f"line {lineno}", piece.reason, piece.detail)
+            yield Skip(source, place.line(lineno), piece.reason, piece.detail)
             buf, size, too_long = [], 0, False
             continue
         if not too_long:
@@ -370,7 +575,7 @@ def _read_jsonl(source: str, f, text_field: str, max_chars: int) -> Iterator[Doc
         if not ends:
             continue
         line = "".join(buf)
-        location = f"line {lineno}"
+        location = place.line(lineno)
         buf, size, was_too_long, too_long = [], 0, too_long, False
         if was_too_long:
             records += 1
@@ -380,7 +585,7 @@ def _read_jsonl(source: str, f, text_field: str, max_chars: int) -> Iterator[Doc
             continue
         records += 1
         yield _jsonl_record(source, location, line, text_field, max_chars)
-    if records == 0:
+    if records == 0 and place.whole:
         yield Skip(source, "file", "empty", "the file has no JSON records")
 
 
@@ -414,7 +619,10 @@ def _checked(source: str, location: str, text: str, max_chars: int) -> Document 
 # Parquet
 
 
-def _read_parquet(source: str, f, text_field: str, max_chars: int) -> Iterator[Document | Skip]:
+def _read_parquet(
+    source: str, f, text_field: str, max_chars: int, place: _Place = WHOLE, row_groups: tuple[int, int] | None = None
+) -> Iterator[Document | Skip]:
+    """The rows of the file, or of row groups [start, stop) (`row_groups`), numbered as in the whole file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -428,11 +636,13 @@ def _read_parquet(source: str, f, text_field: str, max_chars: int) -> Iterator[D
         yield Skip(source, "file", "missing_field", f"no column {text_field!r} (columns: {', '.join(names[:10])})")
         return
     if pf.metadata.num_rows == 0:
-        yield Skip(source, "file", "empty", "the Parquet file has no rows")
+        if place.whole:
+            yield Skip(source, "file", "empty", "the Parquet file has no rows")
         return
-    row = 0
+    groups = range(*(row_groups or (0, pf.metadata.num_row_groups)))
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(groups.start))
     try:
-        for batch in pf.iter_batches(columns=[text_field], batch_size=256):
+        for batch in pf.iter_batches(columns=[text_field], batch_size=256, row_groups=list(groups)):
             for value in batch.column(0).to_pylist():
                 row += 1
                 location = f"row {row}"
@@ -549,14 +759,14 @@ def _page_record(source: str, page: dict, max_chars: int, cap: int) -> Document 
     return _checked(source, location, prose, max_chars)
 
 
-def _read_mediawiki(source: str, f, max_chars: int) -> Iterator[Document | Skip]:
+def _read_mediawiki(source: str, f, max_chars: int, place: _Place = WHOLE) -> Iterator[Document | Skip]:
     import xml.etree.ElementTree as ET
 
     reader, head = _open_head(f)
-    if not head:
+    if place.first and not head:
         yield Skip(source, "file", "empty", "the file is empty: expected a MediaWiki XML export")
         return
-    if b"\0" in head:
+    if place.first and b"\0" in head:
         yield Skip(source, "file", "binary", f"NUL byte in the first {len(head)} bytes: expected XML")
         return
     cap = 4 * max_chars + 65536  # wikitext is longer than its prose; a page past this cannot be a document
@@ -593,5 +803,5 @@ def _read_mediawiki(source: str, f, max_chars: int) -> Iterator[Document | Skip]
             f"expected well-formed XML ({err}); the rest of the file is unread after {pages} pages",
         )
         return
-    if pages == 0:
+    if pages == 0 and place.whole:
         yield Skip(source, "file", "empty", "the export has no <page>")

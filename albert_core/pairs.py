@@ -76,11 +76,17 @@ def create_pairs(
     documents: Sequence[Sequence[Sequence[int]]],
     *,
     config: PairConfig,
-    rng: np.random.Generator,
+    rng: np.random.Generator | Sequence[np.random.Generator],
     cls_id: int,
     sep_id: int,
 ) -> PairResult:
-    """Pair examples from documents (documents -> sentences -> token ids), deterministic for a given ``rng`` state."""
+    """Pair examples from documents (documents -> sentences -> token ids), deterministic for a given ``rng`` state.
+
+    ``rng`` is one generator for all documents, or one per document: then a document's examples depend only on
+    its own generator (and, under NSP, on the other documents a random B is drawn from)."""
+    rngs = [rng] * len(documents) if isinstance(rng, np.random.Generator) else list(rng)
+    if len(rngs) != len(documents):
+        raise ValueError(f"create_pairs: {len(rngs)} generators for {len(documents)} documents")
     prepared = [_prepare_document(doc, config.max_pair_tokens, index) for index, doc in enumerate(documents)]
     counts = {
         "one_token_chunks_dropped": 0,
@@ -99,7 +105,7 @@ def create_pairs(
             skipped["no_tokens" if n_tokens == 0 else "single_token"] += 1
             continue
         documents_used += 1
-        builder = _PairBuilder(config, rng, cls_id, sep_id, sentences_of, non_empty, doc_index, counts)
+        builder = _PairBuilder(config, rngs[doc_index], cls_id, sep_id, sentences_of, non_empty, doc_index, counts)
         examples.extend(builder.run())
     return PairResult(examples=examples, documents_used=documents_used, skipped_documents=skipped, counts=counts)
 

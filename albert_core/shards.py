@@ -6,6 +6,7 @@ manifest; the training stream reads them and masks dynamically (`albert_core.bat
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +167,13 @@ class ShardPart:
 
 def example_id(shard: int, row: int) -> int:
     return (shard << 32) | row
+
+
+def document_hash(text: str) -> int:
+    """A document's 64-bit identity: the first 8 bytes of the sha256 of its text. The same text gets the same
+    hash in any file, order or cut of the corpus (preprocess holds a document out when it is below fraction x
+    2**64, and seeds its pair draws with it); its id in the held-out file is this hash >> 1."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "big")
 
 
 # Held-out documents (not pairs), so evaluation can build SOP and NSP pairs from the same text (Table 5).

@@ -242,13 +242,13 @@ class IntrinsicEvaluator:
 def unigram_beside(heldout_path: str | Path, vocab_size: int) -> UnigramBaseline | None:
     """The unigram baseline of the shard set a held-out file belongs to (<shards>/heldout/documents.parquet), when
     it has been counted and fits the model's vocabulary."""
-    from albert_core.unigram import UNIGRAM_FILE, UnigramBaseline
+    from albert_core.unigram import UnigramBaseline, stored_file
 
-    directory = Path(heldout_path).resolve().parent.parent
-    if not (directory / UNIGRAM_FILE).is_file():
+    stored = stored_file(Path(heldout_path).resolve().parent.parent)
+    if stored is None:
         return None
     try:
-        return UnigramBaseline.load(directory, vocab_size)
+        return UnigramBaseline.load_file(stored, vocab_size)
     except ValueError as err:
         log.warning("no unigram baseline for this evaluation: %s", err)
         return None

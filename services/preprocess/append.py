@@ -16,6 +16,7 @@ The part index is read and its folder claimed under the set's manifest lock, so 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from services.preprocess.checks import check_output, check_tokenizer
 from services.preprocess.config import DEFAULTS, SHAPE, SHAPE_FLAGS, InputFile, PreprocessConfig
 from services.preprocess.layout import Layout
 from services.preprocess.manifest import stored_parts
-from services.preprocess.plan import PreprocessJob, claim_plan, list_input_files, plan_fingerprint, plan_units
+from services.preprocess.plan import PreprocessJob, claim_plan, list_input_files, plan_units
+
+SHARD_NUMBER = re.compile(r"shard-(\d+)\.parquet$")
 
 
 def plan_append(config: PreprocessConfig, shard_set: ShardsManifest, tokenizer: str | None, part_name: str | None):
@@ -100,15 +103,22 @@ def claim_part(
                 raise ValueError(
                     f'--part-name {name}: the shard set {root} already has a part "{name}" (part {part.index})'
                 )
-        units = plan_units(files, config.shard_input_bytes, first=sum(len(part.shards) for part in parts))
-        fingerprint = plan_fingerprint(config, tokenizer, units)
+        plan = plan_units(files, config, first=next_unit(shard_set))
+        fingerprint = plan.fingerprint(config, tokenizer)
         layout = Layout(root, k)
         refused = (
             f"{layout.progress}: holds an unfinished append of part {k} with other inputs, input sizes or options; "
             "rerun the same command or delete it"
         )
-        claim_plan(layout, config, fingerprint, units, refused)
-    return PreprocessJob(tokenizer, tuple(units), fingerprint, part=k, name=name)
+        claim_plan(layout, config, fingerprint, plan, refused)
+    return PreprocessJob(tokenizer, plan, fingerprint, part=k, name=name)
+
+
+def next_unit(shard_set: ShardsManifest) -> int:
+    """The first unit number an appended part takes: one past every shard's of the set (stream chunks leave gaps
+    in the numbering, so it is not the count of shards)."""
+    numbers = [int(m.group(1)) for part in shard_set.parts for name in part.shards if (m := SHARD_NUMBER.search(name))]
+    return max(numbers, default=-1) + 1
 
 
 def check_new_inputs(files: list[InputFile], shard_set: ShardsManifest) -> None:

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from albert_core.corpus import FORMATS, MAX_DOCUMENT_CHARS, ON_ERROR, SPLITS
+from albert_core.corpus import FORMATS, MAX_DOCUMENT_CHARS, ON_ERROR, SPLITS, Region
 from albert_core.pairs import OBJECTIVES, PairConfig
 
 
@@ -37,9 +37,9 @@ class PreprocessConfig:
     # `missing` skip (the CLI's explicit --on-error skip)
     # Documents reserved for intrinsic evaluation, chosen by a hash of (file, location): stable across runs/seeds.
     heldout_fraction: float = option(0.01, "--heldout-fraction", "share of documents held out", shape=True)
-    # Consecutive input files are grouped into one shard up to this many bytes on disk (compressed size for
-    # .gz/.bz2/.xz). A larger single file is one shard on its own: the reader cannot split files.
-    # The command line gives it in megabytes (--shard-mb).
+    # The input of one unit of work (and one shard): consecutive files are grouped up to this many bytes on disk,
+    # and a bigger file is cut into regions of about this size (albert_core.regions); a single-stream compressed
+    # file into chunks of 4x this many decompressed bytes as it is read. The command line gives megabytes (--shard-mb).
     shard_input_bytes: int = 16 << 20
     # Documents per create_pairs call: NSP takes its random B from another document of the same group.
     docs_per_group: int = option(256, None, "", shape=True)
@@ -89,27 +89,50 @@ class PreprocessConfig:
 @dataclass(frozen=True)
 class InputFile:
     path: str  # as list_inputs gives it (what the reader opens, and the manifest's key)
-    key: str  # relative to the input it was found under: hashed for the held-out choice, so moving a corpus
-    # directory keeps the same documents held out
     size: int  # bytes on disk; 0 for a path that does not exist (the reader reports it as missing)
 
 
 @dataclass(frozen=True)
 class Unit:
+    """One task's work and one shard: consecutive whole files, or one region of a big file (albert_core.regions)."""
+
     index: int
     files: tuple[InputFile, ...]
+    region: Region | None = None  # with one file: the part of it this unit reads
+    size: int = 0  # bytes on disk it reads (its share of a file's for a region): what progress counts
 
     @property
     def shard_name(self) -> str:
         return f"shard-{self.index:05d}.parquet"
 
     def to_json(self) -> str:
-        return json.dumps({"index": self.index, "files": [asdict(f) for f in self.files]})
+        region = None if self.region is None else asdict(self.region)
+        files = [asdict(f) for f in self.files]
+        return json.dumps({"index": self.index, "files": files, "region": region, "size": self.size})
 
     @classmethod
     def from_json(cls, text: str) -> Unit:
         data = json.loads(text)
-        return cls(data["index"], tuple(InputFile(**f) for f in data["files"]))
+        region = None if data.get("region") is None else Region(**data["region"])
+        return cls(data["index"], tuple(InputFile(**f) for f in data["files"]), region, data["size"])
+
+
+@dataclass(frozen=True)
+class StreamInput:
+    """A single-stream compressed file too big for one unit: read once as a stream and cut into chunks as it is
+    read (albert_core.regions.stream_chunks); chunk k is unit `first + k`, so its units are not known before."""
+
+    file: InputFile
+    first: int
+
+    def unit(self, chunk_index: int, region: Region, size: int) -> Unit:
+        if chunk_index >= STREAM_UNITS:
+            raise ValueError(f"{self.file.path}: more than {STREAM_UNITS} chunks; raise --shard-mb")
+        return Unit(self.first + chunk_index, (self.file,), region, size)
+
+
+# Unit numbers a stream's chunks may take: 2**16 chunks of 4 x --shard-mb decompressed megabytes (4 TB at 16 MB).
+STREAM_UNITS = 1 << 16
 
 
 # The options that decide the examples' shape (an appended part takes its set's), and those of them with a flag.

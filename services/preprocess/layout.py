@@ -47,6 +47,23 @@ class Layout:
     def heldout_part(self, unit: Unit) -> Path:
         return self.progress / f"heldout-{unit.index:05d}.parquet"
 
+    def pieces(self, unit: Unit) -> Path:
+        """The piece counts of the unit's examples (albert_core.unigram's format)."""
+        return self.progress / f"unigram-{unit.index:05d}.npy"
+
+    def unit_files(self, unit: Unit) -> tuple[Path, Path, Path]:
+        """What a unit writes before its marker: its shard, held-out part and piece counts."""
+        return self.shard(unit), self.heldout_part(unit), self.pieces(unit)
+
+    def marked_units(self, low: int, high: int) -> list[int]:
+        """The units numbered in [low, high) that have a done marker here (a stream's chunks, found on resume)."""
+        found = []
+        for marker in self.progress.glob("shard-*.json"):
+            index = int(marker.stem.removeprefix("shard-"))
+            if low <= index < high:
+                found.append(index)
+        return sorted(found)
+
     def partial(self, path: Path) -> Path:
         return self.progress / f"{path.name}.partial"
 

@@ -1,43 +1,52 @@
 """manifest.json of a shard set: one entry per *part* (the shards one `albert preprocess` or `--append-to` run
 added), totals over every part, and the commit that rewrites it.
 
-    {"version": 2, "config": <part 0's PreprocessConfig>, "tokenizer": {...}, "schema": [...],
+    {"version": 3, "config": <part 0's PreprocessConfig>, "tokenizer": {...}, "schema": [...],
      "documents", "sentences", "tokens", "examples", "example_tokens", "pair_counts": totals over the parts,
-     "shards": every shard of every part in order, each with its "part" index,
+     "shards": every shard of every part in order, each with its "part" index (and "region" of a big file),
      "heldout": part 0's held-out file, "files": the counts of every input file of every part,
      "parts": [{"name", "inputs", "added", "shards", "examples", "tokens", "sentences", "example_tokens",
-                "pair_counts", "documents", "heldout", "sha256"}, ...],
-     "unigram": counted over every shard, "timings": of the run that wrote it}
+                "pair_counts", "documents", "heldout", "sha256", "document_ids", "unigram"}, ...],
+     "unigram": the piece counts of this version (all its parts), "timings": of the run that wrote it}
+
+Piece counts (albert_core.unigram, the unigram baseline) are kept per part (`unigram/part-k.npy`, summed from its
+units' counts) and per version of the set (`unigram/version-v.npy`: parts 0..v-1), each a new file written before
+the manifest names it, so a run that trains on version v keeps its baseline when a part is appended.
 
 A part's "sha256" is the sha256 of its shards' sha256s (hex) concatenated in order. The manifest is the commit point
 of a part: its shards are on disk before the manifest lists them, and readers (`ShardsManifest.parts`, training)
 see only what it lists. It is rewritten atomically while holding the set's manifest lock, after re-reading it
 under that lock, so two runs never both commit the same part index.
 
-Pure Python + pyarrow (the unigram count); no Ray.
+Pure Python + numpy (piece counts) + pyarrow (counting a part made before parts had counts); no Ray.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from albert_core.files import file_lock, file_sha256
 from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
-from albert_core.unigram import count_pieces
+from albert_core.unigram import UnigramBaseline, count_pieces, part_unigram_file, version_unigram_file
+from services.preprocess.config import Unit
 from services.preprocess.layout import write_json_atomic
+from services.preprocess.unit import MAX_SKIP_EXAMPLES
 
 if TYPE_CHECKING:
     from albert_core.tokenization import Tokenizer
-    from services.preprocess.config import Unit
     from services.preprocess.layout import Layout
 
-MANIFEST_VERSION = 2  # 2: "parts"
+MANIFEST_VERSION = 3  # 2: "parts"; 3: documents known by the sha256 of their text, piece counts per part
+DOCUMENT_IDS = "sha256(text)"  # a part's documents' identity (held-out choice, pair draws); before: file + location
 COUNTS = ("examples", "tokens", "sentences", "example_tokens")  # per part, summed over parts at the top level
 
 
@@ -68,26 +77,36 @@ def count_documents(files: dict[str, dict]) -> dict[str, Any]:
     return documents
 
 
+def merge_file_stats(into: dict[str, dict], files: dict[str, dict]) -> None:
+    """Add one unit's counts per input file to `into` (a big file's counts come from each of its units)."""
+    for path, stats in files.items():
+        if path not in into:
+            into[path] = json.loads(json.dumps(stats))
+            continue
+        total = into[path]
+        for key in ("documents", "used", "heldout", "sentences", "tokens"):
+            total[key] += stats[key]
+        for reason, n in stats["skipped"].items():
+            total["skipped"][reason] = total["skipped"].get(reason, 0) + n
+        room = MAX_SKIP_EXAMPLES - len(total["skip_examples"])
+        total["skip_examples"].extend(stats["skip_examples"][: max(room, 0)])
+
+
 def part_entry(
-    name: str, inputs: list[str], units: Sequence[Unit], summaries: Sequence[dict], heldout: tuple[str, str]
+    name: str, inputs: list[str], summaries: Sequence[dict], heldout: tuple[str, str]
 ) -> tuple[dict[str, Any], dict[str, dict]]:
-    """(the part's manifest entry, its input files' counts) from its units' done markers; `heldout`: the part's
-    held-out file (relative to the set) and its sha256."""
+    """(the part's manifest entry, its input files' counts) from its units' done markers, in unit order;
+    `heldout`: the part's held-out file (relative to the set) and its sha256."""
     files: dict[str, dict] = {}
     pair_counts: Counter[str] = Counter()
     for summary in summaries:
-        files.update(summary["files"])
+        merge_file_stats(files, summary["files"])
         pair_counts.update(summary["pair_counts"])
     documents = count_documents(files)
-    shards = [
-        {
-            "name": f"{TRAIN_DIR}/{s['shard']}",
-            "rows": s["rows"],
-            "sha256": s["sha256"],
-            "files": [f.path for f in u.files],
-        }
-        for u, s in zip(units, summaries, strict=True)
-    ]
+    shards = []
+    for s in summaries:
+        shard = {"name": f"{TRAIN_DIR}/{s['shard']}", "rows": s["rows"], "sha256": s["sha256"]}
+        shards.append({**shard, "files": list(s["files"]), **({"region": s["region"]} if s.get("region") else {})})
     entry = {
         "name": name,
         "inputs": list(inputs),
@@ -101,6 +120,7 @@ def part_entry(
         "documents": documents,
         "heldout": {"file": heldout[0], "documents": documents["heldout"], "sha256": heldout[1]},
         "sha256": part_checksum(shards),
+        "document_ids": DOCUMENT_IDS,
     }
     return entry, files
 
@@ -190,22 +210,51 @@ def manifest_head(config_json: dict[str, Any], tokenizer: Tokenizer) -> dict[str
 
 
 def commit_part(
-    layout: Layout, entry: dict, files: dict, head: dict, tokenizer: Tokenizer, timings: dict
+    layout: Layout, entry: dict, files: dict, head: dict, tokenizer: Tokenizer, timings: dict, units: Sequence[int]
 ) -> dict[str, Any]:
-    """Write manifest.json with part `layout.part` = entry (`files`: its input files' counts), under the set's
-    manifest lock: the manifest re-read there, the unigram counts recounted over every shard, then an atomic
-    replace. Part 0 takes `head` (the run's config and tokenizer); a later part keeps the set's. Returns the
-    manifest written."""
+    """Write manifest.json with part `layout.part` = entry (`files`: its input files' counts, `units`: its unit
+    numbers), under the set's manifest lock: the manifest re-read there, the piece counts of the part (summed over
+    its units) and of the set's new version written to files of their own, then an atomic replace. Part 0 takes
+    `head` (the run's config and tokenizer); a later part keeps the set's. Returns the manifest written."""
     root, index = layout.root, layout.part
     with file_lock(layout.lock):
         old = read_manifest(root)
+        counts = sum_counts([layout.pieces(Unit(i, ())) for i in units], tokenizer)
+        entry = {**entry, "unigram": _save_counts(root, part_unigram_file(index), counts)}
         parts, files = _with_part(old, index, entry, files, where=layout.progress)
         if index and old is not None:
-            head = {"version": MANIFEST_VERSION, **{k: old[k] for k in ("config", "tokenizer", "schema")}}
-        manifest = set_manifest(head, parts, files)
-        shards = [root / shard["name"] for shard in manifest["shards"]]
-        unigram = count_pieces(shards, tokenizer.vocab_size, tokenizer.special_ids).save(root)
-        manifest["unigram"] = {"file": unigram.name, "sha256": file_sha256(unigram)}  # albert_core.unigram
+            head = {**{k: old[k] for k in ("config", "tokenizer", "schema")}}
+        manifest = set_manifest({**head, "version": MANIFEST_VERSION}, parts, files)
+        version = sum_counts([_part_counts(root, k, part, tokenizer) for k, part in enumerate(parts)], tokenizer)
+        manifest["unigram"] = _save_counts(root, version_unigram_file(len(parts)), version)
         manifest["timings"] = timings
         write_json_atomic(root / MANIFEST_FILE, manifest)
     return manifest
+
+
+def sum_counts(paths: Sequence[Path], tokenizer: Tokenizer) -> UnigramBaseline:
+    """The piece counts of these files (albert_core.unigram's format) added up; special pieces count 0."""
+    total = np.zeros(tokenizer.vocab_size, dtype=np.int64)
+    for path in paths:
+        total += UnigramBaseline.load_file(path, tokenizer.vocab_size).counts
+    total[list(tokenizer.special_ids)] = 0
+    return UnigramBaseline(total)
+
+
+def _part_counts(root: Path, k: int, part: dict, tokenizer: Tokenizer) -> Path:
+    """Part k's piece counts file; counted from its shards (by row group) for a part committed before parts had
+    one."""
+    path = root / part_unigram_file(k)
+    if not (part.get("unigram") and path.is_file()):
+        shards = [root / shard["name"] for shard in part["shards"]]
+        part["unigram"] = _save_counts(root, part_unigram_file(k), count_pieces(shards, tokenizer.vocab_size, ()))
+    return path
+
+
+def _save_counts(root: Path, name: str, counts: UnigramBaseline) -> dict[str, str]:
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    counts.save_as(partial)
+    os.replace(partial, path)
+    return {"file": name, "sha256": file_sha256(path)}

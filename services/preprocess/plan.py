@@ -5,28 +5,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import fsspec
 
-from albert_core.corpus import list_inputs
+from albert_core.corpus import Region, list_inputs
+from albert_core.regions import is_index, plan_file
 from albert_core.shards import MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import Tokenizer
 from services.preprocess.checks import EXPECTED_INPUT, MISSING_HINT, check_output, check_tokenizer, missing_input
-from services.preprocess.config import InputFile, PreprocessConfig, Unit
+from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig, StreamInput, Unit
 from services.preprocess.layout import PLAN_FILE, PROGRESS_DIR, Layout, write_json_atomic
 
-
-def _file_key(path: str, root: str) -> str:
-    """`path` relative to the input `root` it was listed under (spelled as list_inputs spells paths: absolute,
-    or a full URL); the file name where root names the file itself or a glob."""
-    fs, stripped = fsspec.core.url_to_fs(root)
-    base = (fs.unstrip_protocol(stripped) if "://" in root else stripped).rstrip("/")
-    if path.startswith(base + "/"):
-        return path[len(base) + 1 :]
-    return posixpath.basename(path.rstrip("/")) or path
+# What decides the examples beyond the options: 3 = documents identified by the sha256 of their text (held-out
+# choice, pair draws), big files cut into regions. A .progress/ of another version is not resumed.
+PREPROCESS_VERSION = 3
 
 
 def _size(path: str) -> int:
@@ -57,43 +50,80 @@ def list_input_files(config: PreprocessConfig) -> list[InputFile]:
             known = "a known extension" if config.fmt == "auto" else f"format {config.fmt}"
             raise ValueError(f"{root}: no input files found (expected files with {known}, not hidden)")
         for path in paths:
+            if is_index(path):  # a multistream dump's index is read with its dump
+                continue
             if path not in seen:
                 seen.add(path)
-                files.append(InputFile(path, _file_key(path, root), _size(path)))
+                files.append(InputFile(path, _size(path)))
     if len(missing_roots) == len(config.inputs):
         raise ValueError(f"input {' '.join(missing_roots)}: none of the inputs exists ({EXPECTED_INPUT})")
     return files
 
 
-def plan_units(files: list[InputFile], shard_input_bytes: int, first: int = 0) -> list[Unit]:
-    """Consecutive files grouped while they hold at most shard_input_bytes (a bigger file stands alone); the units
-    are numbered from `first` (an appended part continues its shard set's numbering)."""
+def region_bytes(region: Region, file_size: int, regions: int) -> int:
+    """The bytes on disk a region reads: its byte range, or its file's even share for row groups."""
+    return region.stop - region.start if region.how in ("bytes", "bz2_streams") else file_size // regions
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The units of a run (in order; each a shard), and the compressed files it cuts into units as it reads them."""
+
+    units: tuple[Unit, ...]
+    streams: tuple[StreamInput, ...] = ()
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes on disk the run reads."""
+        return sum(u.size for u in self.units) + sum(s.file.size for s in self.streams)
+
+    def fingerprint(self, config: PreprocessConfig, tokenizer: Tokenizer) -> str:
+        plan = {
+            "options": config.output_options(),
+            "tokenizer_sha256": tokenizer.sha256,
+            "units": [json.loads(u.to_json()) for u in self.units],
+            "streams": [[asdict(s.file), s.first] for s in self.streams],
+            "version": PREPROCESS_VERSION,
+        }
+        return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+
+
+def plan_units(files: list[InputFile], config: PreprocessConfig, first: int = 0) -> Plan:
+    """Consecutive files grouped while they hold at most shard_input_bytes; a bigger file cut into regions of about
+    that size (or read as a stream it is cut into as it is read); units numbered from `first` (an appended part
+    continues its shard set's numbering), stream chunks after them."""
+    target = config.shard_input_bytes
     units: list[Unit] = []
+    big: list[InputFile] = []
     current: list[InputFile] = []
     size = 0
-    for f in files:
-        if current and size + f.size > shard_input_bytes:
-            units.append(Unit(first + len(units), tuple(current)))
+
+    def close() -> None:
+        nonlocal current, size
+        if current:
+            units.append(Unit(first + len(units), tuple(current), size=size))
             current, size = [], 0
+
+    for f in files:
+        cut = plan_file(f.path, f.size, target, fmt=config.fmt, split=config.split)
+        if cut.stream:
+            big.append(f)
+            continue
+        if cut.regions:
+            close()
+            for region in cut.regions:
+                units.append(Unit(first + len(units), (f,), region, region_bytes(region, f.size, len(cut.regions))))
+            continue
+        if current and size + f.size > target:
+            close()
         current.append(f)
         size += f.size
-    if current:
-        units.append(Unit(first + len(units), tuple(current)))
-    return units
+    close()
+    after = first + len(units)
+    return Plan(tuple(units), tuple(StreamInput(f, after + i * STREAM_UNITS) for i, f in enumerate(big)))
 
 
-def plan_fingerprint(config: PreprocessConfig, tokenizer: Tokenizer, units: list[Unit]) -> str:
-    plan = {
-        "options": config.output_options(),
-        "tokenizer_sha256": tokenizer.sha256,
-        "units": [[asdict(f) for f in u.files] for u in units],
-    }
-    if units and units[0].index:  # an appended part (part 0's fingerprints stay as they were)
-        plan["first_unit"] = units[0].index
-    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
-
-
-def _prepare_output(layout: Layout, config: PreprocessConfig, fingerprint: str, units: list[Unit]) -> None:
+def _prepare_output(layout: Layout, config: PreprocessConfig, fingerprint: str, plan: Plan) -> None:
     if not layout.plan.is_file() and (layout.train.exists() or layout.manifest.exists()):
         raise ValueError(
             f"{layout.root}: has {TRAIN_DIR}/ or {MANIFEST_FILE} but no {PROGRESS_DIR}/{PLAN_FILE}: not a resumable "
@@ -103,10 +133,10 @@ def _prepare_output(layout: Layout, config: PreprocessConfig, fingerprint: str, 
         f"{layout.root}: holds a preprocess run with other inputs, input sizes, tokenizer or options "
         f"({layout.plan}); use a new --output directory or delete this one"
     )
-    claim_plan(layout, config, fingerprint, units, refused)
+    claim_plan(layout, config, fingerprint, plan, refused)
 
 
-def claim_plan(layout: Layout, config: PreprocessConfig, fingerprint: str, units: list[Unit], refused: str) -> None:
+def claim_plan(layout: Layout, config: PreprocessConfig, fingerprint: str, plan: Plan, refused: str) -> None:
     """The part's progress folder made and claimed for this plan (its plan.json), or ValueError(refused) when it
     holds another plan; partial files an interrupted run left there are removed."""
     if layout.plan.is_file():
@@ -122,7 +152,9 @@ def claim_plan(layout: Layout, config: PreprocessConfig, fingerprint: str, units
         plan = {
             "fingerprint": fingerprint,
             "options": config.output_options(),
-            "units": [[f.path for f in u.files] for u in units],
+            "inputs": sorted({f.path for u in plan.units for f in u.files} | {s.file.path for s in plan.streams}),
+            "units": len(plan.units),
+            "streams": len(plan.streams),
         }
         write_json_atomic(layout.plan, plan)
     for stale in layout.progress.glob("*.partial"):  # left by an interrupted run
@@ -135,7 +167,7 @@ class PreprocessJob:
     appended to a shard set)."""
 
     tokenizer: Tokenizer
-    units: Sequence[Unit]
+    plan: Plan
     fingerprint: str
     part: int = 0  # the part of the shard set it writes (0: a plain preprocess)
     name: str = "part-0"
@@ -150,7 +182,7 @@ def plan_preprocess(config: PreprocessConfig) -> PreprocessJob:
     planned, and the output claimed for this plan (plan.json; an output of another plan is refused)."""
     check_output(config.output)
     tokenizer = check_tokenizer(config)
-    units = plan_units(list_input_files(config), config.shard_input_bytes)
-    fingerprint = plan_fingerprint(config, tokenizer, units)
-    _prepare_output(Layout(config.output), config, fingerprint, units)
-    return PreprocessJob(tokenizer, tuple(units), fingerprint)
+    plan = plan_units(list_input_files(config), config)
+    fingerprint = plan.fingerprint(config, tokenizer)
+    _prepare_output(Layout(config.output), config, fingerprint, plan)
+    return PreprocessJob(tokenizer, plan, fingerprint)

@@ -1,33 +1,32 @@
 """`albert preprocess`: corpora → Parquet shards of `[CLS] A [SEP] B [SEP]` examples + manifest.json, on Ray Data.
 
-The job is planned before anything is read: the input files (sorted, as `list_inputs` expands them) are cut into
-*units* of consecutive files holding about `shard_input_bytes` of input. One unit becomes one shard,
-`<output>/train/shard-XXXXX.parquet` (XXXXX = unit index), so a shard's content depends only on its files and the
-seed, never on scheduling:
+The job is planned before anything is read (services.preprocess.plan): the input files are cut into *units* of
+about `shard_input_bytes` of input: consecutive small files, or one region of a big file (a byte range on record
+boundaries, Parquet row groups, bzip2 streams of a multistream dump: albert_core.regions), so that every CPU of
+the cluster shares a big file. A single-stream compressed file (.gz, .bz2 without an index, .xz, .zst) cannot be
+entered in the middle: one reader streams it and cuts it into chunks of whole records as it goes, and each chunk
+is a unit handed to the workers with its bytes. One unit becomes one shard, `<output>/train/shard-XXXXX.parquet`
+(XXXXX = unit index), so a shard's content depends only on its input and the seed, never on scheduling:
 
-    units (one row each) ─ Ray Data map_batches (tasks of 1 CPU; SentencePiece is built once per worker process)
-        per unit: read_documents → held out? (hash of file + location) → split_sentences → SentencePiece encode
-                  → create_pairs per group of `docs_per_group` documents (NSP draws its random B in the group;
-                    the group's generator is seeded by (seed, unit, group)) → Arrow table in EXAMPLE_SCHEMA
-        → the shard (pyarrow only, written to a partial file then renamed) + the unit's held-out documents
+    units (one row each) ┬─ Ray Data map_batches (tasks of 1 CPU; SentencePiece built once per worker process)
+    stream files ─ flat_map: read once, cut into chunks ┘
+        per unit: read its documents → held out? (sha256 of the text) → split_sentences → SentencePiece encode
+                  → create_pairs per group of `docs_per_group` documents (each document's draws seeded by
+                    (seed, its hash); NSP draws its random B in the group) → Arrow tables in EXAMPLE_SCHEMA
+        → the shard, its held-out documents and its piece counts, each written as made to a partial file, renamed
         → a done marker (.progress/shard-XXXXX.json: sha256s and counts) written last: the commit point
-    driver: progress bar over input files; merges held-out parts into heldout/documents.parquet; manifest.json
+    driver: progress in input bytes (rate, ETA); the held-out parts merged into heldout/documents.parquet;
+            piece counts summed (the unigram baseline); manifest.json
 
-A shard set holds one or more *parts*: a plain run writes part 0; `--append-to` adds part k (services.
-preprocess_append) planned and run by the same code, its units numbered after the set's shards (so shard names and
-example ids stay unique), its progress in .progress/part-k/ and its held-out documents in heldout/part-k.parquet.
-manifest.json lists every part (services.preprocess.manifest) and is the commit point of each: it is rewritten
-atomically under .progress/manifest.lock, part 0 replaced with the later parts kept, or one part added.
+A shard set holds one or more *parts*: a plain run writes part 0; `--append-to` adds part k (services.preprocess.
+append) planned and run by the same code, its units numbered after the set's shards (so shard names and example
+ids stay unique), its progress in .progress/part-k/ and its held-out documents in heldout/part-k.parquet.
+manifest.json lists every part (services.preprocess.manifest) and is the commit point of each.
 
-Resume: a rerun into the same output keeps every shard whose marker matches the plan and whose file still has the
-recorded sha256; everything else is redone from scratch. An output made by a different plan (other inputs, sizes,
-tokenizer or options) is refused rather than mixed. `stream_examples` runs the same transform and returns the rows
-as a Dataset without writing anything.
-
-Before Ray: `plan_preprocess` checks everything that can be checked without reading the corpus (services.
-preprocess_checks): an input that matches nothing is an error (unless `skip_missing_inputs`: then it is a `missing`
-skip), the tokenizer loads, the output can be written and holds no other plan. After the run, one that made no
-training example is an error and writes no manifest.json.
+Resume: a rerun into the same output keeps every unit whose marker matches the plan and whose files still have
+their recorded sha256 (a stream is read again, its finished chunks cut but not redone); everything else is
+redone from scratch. An output made by a different plan is refused rather than mixed. `stream_examples` runs the
+same transform and returns the rows as a Dataset without writing anything.
 
 Accounting: every record the corpus reader yields is one document read, and is exactly one of used (it gave
 examples), held out, or skipped (a reader Skip by its reason, or a pair skip: `no_tokens` / `single_token`).
@@ -48,22 +47,15 @@ import pyarrow.parquet as pq
 
 from albert_core.corpus import CorpusError, Skip
 from albert_core.files import file_sha256
+from albert_core.regions import STREAM_EXPANSION, stream_chunks
 from albert_core.shards import HELDOUT_SCHEMA
 from albert_core.tokenization import Tokenizer
 from services.preprocess.checks import check_examples
-from services.preprocess.config import PreprocessConfig, Unit
+from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig, StreamInput, Unit
 from services.preprocess.layout import Layout
 from services.preprocess.manifest import commit_part, manifest_head, part_entry
-from services.preprocess.plan import PreprocessJob, list_input_files, plan_preprocess, plan_units
-from services.preprocess.unit import UnitTransform, completed_summary, write_unit
-
-# ----------------------------------------------------------------------------------------------------------
-# planning
-
-
-# ----------------------------------------------------------------------------------------------------------
-# output layout, markers, atomic writes
-
+from services.preprocess.plan import Plan, PreprocessJob, list_input_files, plan_preprocess, plan_units
+from services.preprocess.unit import StreamData, UnitTransform, completed_summary, write_unit
 
 # ----------------------------------------------------------------------------------------------------------
 # Ray Data glue
@@ -81,6 +73,14 @@ def _worker_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
     return cached
 
 
+def _rows(batch: dict[str, np.ndarray]) -> Iterator[tuple[Unit, StreamData | None]]:
+    """(unit, its stream chunk's bytes and read error, for a chunk) of each row."""
+    for text, payload, error in zip(batch["unit"], batch["payload"], batch["error"], strict=True):
+        unit = Unit.from_json(str(text))
+        is_chunk = unit.region is not None and unit.region.how == "chunk"
+        yield unit, (StreamData(bytes(payload), str(error)) if is_chunk else None)
+
+
 def _write_shards(
     batch: dict[str, np.ndarray], tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str, layout: Layout
 ):
@@ -88,10 +88,9 @@ def _write_shards(
     it naming the file and line/record (not wrapped in Ray's task error)."""
     tokenizer = _worker_tokenizer(tokenizer)
     out = []
-    for text in batch["unit"]:
-        unit = Unit.from_json(str(text))
+    for unit, data in _rows(batch):
         try:
-            summary = write_unit(unit, tokenizer, config, fingerprint, layout)
+            summary = write_unit(unit, tokenizer, config, fingerprint, layout, data)
         except CorpusError as err:
             summary = {"unit": unit.index, "error": asdict(err.skip)}
         out.append(json.dumps(summary))
@@ -100,48 +99,81 @@ def _write_shards(
 
 def _stream_tables(batch: dict[str, np.ndarray], tokenizer: Tokenizer, config: PreprocessConfig) -> Iterator[pa.Table]:
     tokenizer = _worker_tokenizer(tokenizer)
-    for text in batch["unit"]:
-        for table in UnitTransform(Unit.from_json(str(text)), tokenizer, config).tables():
+    for unit, data in _rows(batch):
+        transform = UnitTransform(unit, tokenizer, config, heldout=lambda table: None, stream=data)
+        for table in transform.tables():
             if table.num_rows:
                 yield table
 
 
-def _workers(config: PreprocessConfig, n_units: int) -> int:
+def _stream_units(row: dict[str, Any], config: PreprocessConfig, done: frozenset[int]) -> Iterator[dict[str, Any]]:
+    """flat_map over a stream file: its chunks as units with their bytes (those of `done` units cut, not handed on)."""
+    stream = StreamInput(InputFile(**json.loads(row["file"])), int(row["first"]))
+    read_to = 0
+    for chunk in stream_chunks(stream.file.path, STREAM_EXPANSION * config.shard_input_bytes, fmt=config.fmt):
+        unit = stream.unit(chunk.index, chunk.region(), chunk.compressed_end - read_to)
+        read_to = chunk.compressed_end
+        if unit.index not in done:
+            yield {"unit": unit.to_json(), "payload": chunk.data, "error": chunk.error}
+
+
+def _workers(config: PreprocessConfig) -> int:
     import ray
 
     if config.num_cpus is not None:
-        wanted = config.num_cpus
-    else:
-        if not ray.is_initialized():
-            ray.init()
-        wanted = int(ray.cluster_resources().get("CPU", 1))
-    return max(1, min(wanted, n_units))
+        return config.num_cpus
+    if not ray.is_initialized():
+        ray.init()
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def _units_dataset(units: list[Unit], fn, fn_kwargs: dict, config: PreprocessConfig):
-    """One row and one block per unit, mapped by plain tasks of one CPU each (measured: as fast as an actor pool
-    on this work, and without an actor pool's seconds of start-up per run)."""
+def _work_dataset(units: list[Unit], streams: list[StreamInput], done: set[int], fn, fn_kwargs, config):
+    """One row per unit, and a reader per stream file that cuts it into unit rows as it reads; mapped by plain tasks
+    of one CPU each (measured: as fast as an actor pool on this work, without its seconds of start-up)."""
     import ray.data
 
-    ds = ray.data.from_items([{"unit": u.to_json()} for u in units], override_num_blocks=len(units))
+    workers = _workers(config)
+    parts = []
+    if units:
+        rows = [{"unit": u.to_json(), "payload": b"", "error": ""} for u in units]
+        parts.append(ray.data.from_items(rows, override_num_blocks=len(units)))
+    if streams:
+        rows = [{"file": json.dumps(asdict(s.file)), "first": s.first} for s in streams]
+        readers = ray.data.from_items(rows, override_num_blocks=len(streams))
+        # A reader decompresses and cuts (light next to tokenizing): it holds no CPU the workers need.
+        parts.append(
+            readers.flat_map(
+                _stream_units,
+                fn_kwargs={"config": config, "done": frozenset(done)},
+                num_cpus=0,
+                concurrency=min(len(streams), max(1, workers // 4)),
+            )
+        )
+    ds = parts[0] if len(parts) == 1 else parts[0].union(*parts[1:])
+    if streams:  # every chunk a block of its own, so each is a task of its own (not several to a block)
+        ds.context.target_max_block_size = 1
     ds.context.enable_progress_bars = False
-    ds.context.execution_options.preserve_order = True
+    ds.context.execution_options.preserve_order = False
     return ds.map_batches(
         fn,
         batch_size=1,
         batch_format="numpy",
         num_cpus=1,
-        compute=ray.data.TaskPoolStrategy(size=_workers(config, len(units))),
+        compute=ray.data.TaskPoolStrategy(size=max(1, min(workers, len(units) + 4 * len(streams)))),
         fn_kwargs=fn_kwargs,
     )
 
 
 def stream_examples(config: PreprocessConfig):
     """The examples as a ray.data.Dataset of EXAMPLE_SCHEMA rows, made on the fly (nothing is written): the same
-    rows, ids and order as the shards run_preprocess writes."""
+    rows and ids as the shards run_preprocess writes (in unit order when the input has no stream file)."""
     tokenizer = Tokenizer.load(config.tokenizer)
-    units = plan_units(list_input_files(config), config.shard_input_bytes)
-    return _units_dataset(units, _stream_tables, {"tokenizer": tokenizer, "config": config}, config)
+    plan = plan_units(list_input_files(config), config)
+    kwargs = {"tokenizer": tokenizer, "config": config}
+    ds = _work_dataset(list(plan.units), list(plan.streams), set(), _stream_tables, kwargs, config)
+    if not plan.streams:
+        ds.context.execution_options.preserve_order = True
+    return ds
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -151,7 +183,15 @@ def stream_examples(config: PreprocessConfig):
 def _progress(config: PreprocessConfig, total: int, initial: int):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="file", desc="preprocess", disable=not config.progress)
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc="preprocess",
+        disable=not config.progress,
+    )
 
 
 def run_preprocess(config: PreprocessConfig, job: PreprocessJob | None = None) -> dict[str, Any]:
@@ -163,54 +203,65 @@ def run_preprocess(config: PreprocessConfig, job: PreprocessJob | None = None) -
     job = job or plan_preprocess(config)
     layout = job.layout(config.output)
     summaries, timings = _run_units(config, job, layout)
-    heldout_sha = _merge_heldout(layout, list(job.units))
-    entry, files = part_entry(job.name, config.inputs, job.units, summaries, (layout.heldout_name, heldout_sha))
+    heldout_sha = _merge_heldout(layout, [s["unit"] for s in summaries])
+    entry, files = part_entry(job.name, config.inputs, summaries, (layout.heldout_name, heldout_sha))
     check_examples({**entry, "files": files}, config.output)
     head = manifest_head(asdict(config), job.tokenizer)
     timings = {"total_s": round(time.perf_counter() - started, 3), **timings}
-    return commit_part(layout, entry, files, head, job.tokenizer, timings)
+    return commit_part(layout, entry, files, head, job.tokenizer, timings, [s["unit"] for s in summaries])
+
+
+def finished_units(layout: Layout, plan: Plan, fingerprint: str) -> dict[int, dict]:
+    """The done markers that match this plan (a stream's: every chunk a previous run committed), by unit index."""
+    done: dict[int, dict] = {}
+    for unit in plan.units:
+        if (summary := completed_summary(layout, unit, fingerprint)) is not None:
+            done[unit.index] = summary
+    for stream in plan.streams:
+        for index in layout.marked_units(stream.first, stream.first + STREAM_UNITS):
+            if (summary := completed_summary(layout, Unit(index, (stream.file,)), fingerprint)) is not None:
+                done[index] = summary
+    return done
 
 
 def _run_units(config: PreprocessConfig, job: PreprocessJob, layout: Layout) -> tuple[list[dict], dict[str, Any]]:
     """Every unit's done marker (completed ones kept, the others written on Ray Data), in unit order; timings."""
-    units = list(job.units)
-    summaries: dict[int, dict] = {}
-    for unit in units:
-        done = completed_summary(layout, unit, job.fingerprint)
-        if done is not None:
-            summaries[unit.index] = done
-    resumed = len(summaries)
-    pending = [u for u in units if u.index not in summaries]
-
+    plan = job.plan
+    summaries = finished_units(layout, plan, job.fingerprint)
+    resumed = dict(summaries)
+    pending = [u for u in plan.units if u.index not in summaries]
     pipeline_started = time.perf_counter()
-    if pending:
-        n_files = {u.index: len(u.files) for u in units}
-        with _progress(config, sum(n_files.values()), sum(n_files[i] for i in summaries)) as bar:
+    if pending or plan.streams:
+        done_bytes = sum(s.get("input_bytes", 0) for s in summaries.values())
+        with _progress(config, plan.input_bytes, done_bytes) as bar:
             kwargs = {"tokenizer": job.tokenizer, "config": config, "fingerprint": job.fingerprint, "layout": layout}
-            ds = _units_dataset(pending, _write_shards, kwargs, config)
+            ds = _work_dataset(pending, list(plan.streams), set(resumed), _write_shards, kwargs, config)
             for row in ds.iter_rows():
                 summary = json.loads(row["summary"])
                 if "error" in summary:
                     raise CorpusError(Skip(**summary["error"]))
                 summaries[summary["unit"]] = summary
-                bar.update(n_files[summary["unit"]])
+                bar.update(summary["input_bytes"])
     pipeline_seconds = time.perf_counter() - pipeline_started
-    new_tokens = sum(f["tokens"] for u in pending for f in summaries[u.index]["files"].values())
+    written = [s for index, s in summaries.items() if index not in resumed]
+    new_tokens = sum(f["tokens"] for s in written for f in s["files"].values())
     timings = {
         "pipeline_s": round(pipeline_seconds, 3),
-        "shards_resumed": resumed,
-        "shards_written": len(pending),
-        "tokens_per_s": round(new_tokens / pipeline_seconds, 1) if pending and pipeline_seconds > 0 else None,
-        "worker_s": round(sum(summaries[u.index]["seconds"] for u in pending), 3),  # wall time inside the tasks
-        "worker_cpu_s": round(sum(summaries[u.index]["cpu_seconds"] for u in pending), 3),
+        "shards_resumed": len(resumed),
+        "shards_written": len(written),
+        "tokens_per_s": round(new_tokens / pipeline_seconds, 1) if written and pipeline_seconds > 0 else None,
+        "worker_s": round(sum(s["seconds"] for s in written), 3),  # wall time inside the tasks
+        "worker_cpu_s": round(sum(s["cpu_seconds"] for s in written), 3),
     }
-    return [summaries[u.index] for u in units], timings
+    return [summaries[i] for i in sorted(summaries)], timings
 
 
-def _merge_heldout(layout: Layout, units: list[Unit]) -> str:
-    tables = [pq.read_table(layout.heldout_part(u), schema=HELDOUT_SCHEMA) for u in units]
-    table = pa.concat_tables(tables) if tables else HELDOUT_SCHEMA.empty_table()
+def _merge_heldout(layout: Layout, units: list[int]) -> str:
+    """The units' held-out parts, in unit order, copied batch by batch into the part's held-out file."""
     partial = layout.partial(layout.heldout)
-    pq.write_table(table, partial, compression="zstd")
+    with pq.ParquetWriter(partial, HELDOUT_SCHEMA, compression="zstd") as writer:
+        for index in units:
+            for batch in pq.ParquetFile(layout.heldout_part(Unit(index, ()))).iter_batches(batch_size=1024):
+                writer.write_table(pa.Table.from_batches([batch], schema=HELDOUT_SCHEMA))
     os.replace(partial, layout.heldout)
     return file_sha256(layout.heldout)

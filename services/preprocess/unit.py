@@ -1,15 +1,27 @@
 """The per-unit work of `albert preprocess`: one unit's documents → example tables (one per document group),
-held-out rows and counts (UnitTransform), written and committed (`write_unit`: the shard and held-out part
-renamed into place, then the done marker). Runs in the Ray Data workers; pure Python + pyarrow, no Ray."""
+held-out rows, piece counts and file counts (UnitTransform), written and committed (`write_unit`: the shard, the
+held-out part and the piece counts renamed into place, then the done marker). Runs in the Ray Data workers; pure
+Python + pyarrow, no Ray.
+
+Memory is bounded by one document group (`docs_per_group` documents or GROUP_CHARS characters), whatever the
+unit's size: example tables are written to the shard as row groups when their group closes, held-out documents
+in batches of HELDOUT_BATCH, and piece counts are summed as tables are made.
+
+A document is known by the sha256 of its text (albert_core.shards.document_hash): it is held out when its hash is
+below heldout_fraction x 2**64, and its pair draws (target lengths, split points, SOP order) come from a generator
+seeded by (seed, hash). So the held-out documents and, for SOP (and `none`), the examples are the same however
+the corpus is cut into files, units and groups; only NSP's random B depends on the unit, being drawn from another
+document of the same group.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import socket
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,23 +29,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_core.corpus import Document, Skip, read_documents
+from albert_core.corpus import CorpusError, Document, Skip, read_documents, read_region
 from albert_core.files import file_sha256
 from albert_core.pairs import create_pairs
 from albert_core.sentences import split_sentences
-from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, example_id
+from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, document_hash, example_id
 from albert_core.tokenization import Tokenizer
+from albert_core.unigram import UnigramBaseline
 from services.preprocess.config import PreprocessConfig, Unit
 from services.preprocess.layout import Layout, write_json_atomic
 
 MAX_SKIP_EXAMPLES = 10  # skip details kept per file in the manifest
 GROUP_CHARS = 8_000_000  # a document group also closes at this many characters (bounds worker memory)
-
-
-def heldout_hash(key: str, location: str) -> int:
-    """A 64-bit hash of a document's file key and location: held out when below fraction * 2**64."""
-    digest = hashlib.sha256(f"{key}\0{location}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+HELDOUT_BATCH = 256  # held-out documents written at a time
+MARKER_SHA256 = ("sha256", "heldout_sha256", "pieces_sha256")  # a done marker's digests of Layout.unit_files
 
 
 def preprocess_sentences(tokenizer: Tokenizer, sentences: list[str]) -> list[str]:
@@ -68,55 +77,97 @@ class FileStats:
 class _Doc:
     file: str
     location: str
+    hash: int  # document_hash of its text
     sentences: list[str]
     ids: list[list[int]] = field(default_factory=list)
 
 
-class UnitTransform:
-    """One unit's documents → example tables (one per document group) + held-out rows + counts."""
+@dataclass(frozen=True)
+class StreamData:
+    """What a unit whose region is a stream chunk reads: the chunk's bytes, and why the stream could not be read
+    past them ("" when it could)."""
 
-    def __init__(self, unit: Unit, tokenizer: Tokenizer, config: PreprocessConfig):
-        self.unit, self.tokenizer, self.config = unit, tokenizer, config
+    payload: bytes
+    error: str = ""
+
+
+class UnitTransform:
+    """One unit's documents → example tables (one per document group) + held-out batches + counts.
+
+    `heldout` takes the held-out documents, a HELDOUT_SCHEMA table at a time; `stream` is what a unit whose region
+    is a stream chunk reads."""
+
+    def __init__(
+        self,
+        unit: Unit,
+        tokenizer: Tokenizer,
+        config: PreprocessConfig,
+        *,
+        heldout: Callable[[pa.Table], None],
+        stream: StreamData | None = None,
+    ):
+        self.unit, self.tokenizer, self.config, self.stream = unit, tokenizer, config, stream
         self.pair_config = config.pair_config()
         self.files = {f.path: FileStats() for f in unit.files}
         self.pair_counts: Counter[str] = Counter()
-        self.heldout: dict[str, list] = {"doc_id": [], "sentences": [], "word_starts": []}
+        self.pieces = np.zeros(tokenizer.vocab_size, dtype=np.int64)  # of the examples' input_ids
+        self._heldout_sink = heldout
+        self._heldout: dict[str, list] = {"doc_id": [], "sentences": [], "word_starts": []}
+        self.heldout_documents = 0
         self.rows = 0
         self.example_tokens = 0
-        self.groups = 0
         self._threshold = int(config.heldout_fraction * 2**64)
+
+    def records(self) -> Iterator[tuple[str, Document | Skip]]:
+        """(file, record) of every document the unit reads, in order."""
+        config = self.config
+        options = {
+            "fmt": config.fmt,
+            "on_error": config.on_error,
+            "text_field": config.text_field,
+            "split": config.split,
+            "max_document_chars": config.max_document_chars,
+        }
+        if self.unit.region is not None:
+            (f,) = self.unit.files
+            payload = None if self.stream is None else self.stream.payload
+            for record in read_region(f.path, self.unit.region, payload=payload, **options):
+                yield f.path, record
+            if self.stream is not None and self.stream.error:  # the rest of the stream is unreadable
+                line = self.unit.region.start + payload.count(b"\n")
+                detail = f"the stream could not be read further: {self.stream.error}"
+                skip = Skip(f.path, f"line {line}", "unreadable", detail)
+                if config.on_error == "fail":
+                    raise CorpusError(skip)
+                yield f.path, skip
+            return
+        for f in self.unit.files:
+            for record in read_documents(f.path, **options):
+                yield f.path, record
 
     def tables(self) -> Iterator[pa.Table]:
         """Example tables in EXAMPLE_SCHEMA, in a fixed order. Raises CorpusError under on_error="fail"."""
-        config = self.config
         group: list[_Doc] = []
         chars = 0
-        for f in self.unit.files:
-            stats = self.files[f.path]
-            records = read_documents(
-                f.path,
-                fmt=config.fmt,
-                on_error=config.on_error,
-                text_field=config.text_field,
-                split=config.split,
-                max_document_chars=config.max_document_chars,
-            )
-            for record in records:
-                stats.documents += 1
-                if isinstance(record, Skip):
-                    stats.skip(record.location, record.reason, record.detail)
-                    continue
-                h = heldout_hash(f.key, record.location)
-                if h < self._threshold:
-                    self._hold_out(f.path, record, h >> 1)
-                    continue
-                group.append(_Doc(f.path, record.location, split_sentences(record.text)))
-                chars += len(record.text)
-                if len(group) >= config.docs_per_group or chars >= GROUP_CHARS:
-                    yield self._pairs(group)
-                    group, chars = [], 0
+        for path, record in self.records():
+            stats = self.files[path]
+            stats.documents += 1
+            if isinstance(record, Skip):
+                stats.skip(record.location, record.reason, record.detail)
+                continue
+            h = document_hash(record.text)
+            doc = _Doc(path, record.location, h, split_sentences(record.text))
+            if h < self._threshold:
+                self._hold_out(doc)
+                continue
+            group.append(doc)
+            chars += len(record.text)
+            if len(group) >= self.config.docs_per_group or chars >= GROUP_CHARS:
+                yield self._pairs(group)
+                group, chars = [], 0
         if group:
             yield self._pairs(group)
+        self._flush_heldout()
 
     def _encode(self, docs: list[_Doc]) -> None:
         sentences = [s for d in docs for s in d.sentences]
@@ -129,23 +180,29 @@ class UnitTransform:
             stats.sentences += len(d.sentences)
             stats.tokens += sum(len(s) for s in d.ids)
 
-    def _hold_out(self, path: str, record: Document, doc_id: int) -> None:
-        doc = _Doc(path, record.location, split_sentences(record.text))
+    def _hold_out(self, doc: _Doc) -> None:
         self._encode([doc])
-        self.files[path].heldout += 1
+        self.files[doc.file].heldout += 1
         sentences = [s for s in doc.ids if s]
         table = self.tokenizer.word_start_table
-        self.heldout["doc_id"].append(doc_id)
-        self.heldout["sentences"].append(sentences)
-        self.heldout["word_starts"].append([table[np.asarray(s, dtype=np.int64)].tolist() for s in sentences])
+        self._heldout["doc_id"].append(doc.hash >> 1)
+        self._heldout["sentences"].append(sentences)
+        self._heldout["word_starts"].append([table[np.asarray(s, dtype=np.int64)].tolist() for s in sentences])
+        self.heldout_documents += 1
+        if len(self._heldout["doc_id"]) >= HELDOUT_BATCH:
+            self._flush_heldout()
+
+    def _flush_heldout(self) -> None:
+        if self._heldout["doc_id"]:
+            self._heldout_sink(pa.Table.from_pydict(self._heldout, schema=HELDOUT_SCHEMA))
+            self._heldout = {"doc_id": [], "sentences": [], "word_starts": []}
 
     def _pairs(self, docs: list[_Doc]) -> pa.Table:
         self._encode(docs)
-        rng = np.random.default_rng([self.config.seed, self.unit.index, self.groups])
-        self.groups += 1
         tok = self.tokenizer
+        rngs = [np.random.default_rng([self.config.seed, d.hash]) for d in docs]
         result = create_pairs(
-            [d.ids for d in docs], config=self.pair_config, rng=rng, cls_id=tok.cls_id, sep_id=tok.sep_id
+            [d.ids for d in docs], config=self.pair_config, rng=rngs, cls_id=tok.cls_id, sep_id=tok.sep_id
         )
         used = np.zeros(len(docs), dtype=bool)
         used[[e.doc_index for e in result.examples]] = True
@@ -173,6 +230,7 @@ class UnitTransform:
         labels = np.array([e.pair_label for e in examples], dtype=np.int8)
         rows = np.arange(self.rows, self.rows + n, dtype=np.int64)
         self.example_tokens += len(ids)
+        self.pieces += np.bincount(ids, minlength=self.pieces.size)
         offsets_arr = pa.array(offsets)
         return pa.Table.from_arrays(
             [
@@ -185,64 +243,72 @@ class UnitTransform:
             schema=EXAMPLE_SCHEMA,
         )
 
-    def heldout_table(self) -> pa.Table:
-        return pa.Table.from_pydict(self.heldout, schema=HELDOUT_SCHEMA)
-
     def summary(self) -> dict[str, Any]:
         return {
             "unit": self.unit.index,
             "shard": self.unit.shard_name,
             "rows": self.rows,
             "example_tokens": self.example_tokens,
-            "heldout_documents": len(self.heldout["doc_id"]),
+            "heldout_documents": self.heldout_documents,
             "pair_counts": dict(sorted(self.pair_counts.items())),
             "files": {path: asdict(stats) for path, stats in self.files.items()},
         }
 
 
 def write_unit(
-    unit: Unit, tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str, layout: Layout | None = None
+    unit: Unit,
+    tokenizer: Tokenizer,
+    config: PreprocessConfig,
+    fingerprint: str,
+    layout: Layout | None = None,
+    stream: StreamData | None = None,
 ) -> dict[str, Any]:
-    """Transform one unit and commit it: shard + held-out part renamed into place, then the done marker."""
+    """Transform one unit and commit it: its shard, held-out part and piece counts renamed into place, then the
+    done marker (the commit point). Each is written as it is made (a partial file), never held whole."""
     started, cpu_started = time.perf_counter(), time.process_time()
     layout = layout or Layout(config.output)
-    shard, heldout = layout.shard(unit), layout.heldout_part(unit)
-    partial_shard, partial_heldout = layout.partial(shard), layout.partial(heldout)
+    outputs = layout.unit_files(unit)  # shard, held-out part, piece counts
+    partials = [layout.partial(path) for path in outputs]
     layout.marker(unit).unlink(missing_ok=True)
-    transform = UnitTransform(unit, tokenizer, config)
     try:
-        with pq.ParquetWriter(partial_shard, EXAMPLE_SCHEMA, compression="zstd") as writer:
+        with (
+            pq.ParquetWriter(partials[0], EXAMPLE_SCHEMA, compression="zstd") as shard,
+            pq.ParquetWriter(partials[1], HELDOUT_SCHEMA, compression="zstd") as heldout,
+        ):
+            transform = UnitTransform(unit, tokenizer, config, heldout=heldout.write_table, stream=stream)
             for table in transform.tables():
                 if table.num_rows:
-                    writer.write_table(table, row_group_size=table.num_rows)
-        pq.write_table(transform.heldout_table(), partial_heldout, compression="zstd")
+                    shard.write_table(table, row_group_size=table.num_rows)
+        UnigramBaseline(transform.pieces).save_as(partials[2])
     except BaseException:
-        partial_shard.unlink(missing_ok=True)
-        partial_heldout.unlink(missing_ok=True)
+        for partial in partials:
+            partial.unlink(missing_ok=True)
         raise
-    os.replace(partial_shard, shard)
-    os.replace(partial_heldout, heldout)
+    for partial, path in zip(partials, outputs, strict=True):
+        os.replace(partial, path)
     summary = transform.summary()
     summary.update(
         fingerprint=fingerprint,
-        sha256=file_sha256(shard),
-        heldout_sha256=file_sha256(heldout),
+        **{key: file_sha256(path) for key, path in zip(MARKER_SHA256, outputs, strict=True)},
         seconds=round(time.perf_counter() - started, 3),
         cpu_seconds=round(time.process_time() - cpu_started, 3),
+        input_bytes=unit.size,
+        region=None if unit.region is None else asdict(unit.region),
+        worker=f"{socket.gethostname()}:{os.getpid()}",
     )
     write_json_atomic(layout.marker(unit), summary)
     return summary
 
 
 def completed_summary(layout: Layout, unit: Unit, fingerprint: str) -> dict[str, Any] | None:
-    """The unit's marker if it matches this plan and its shard and held-out part still have their sha256."""
+    """The unit's marker if it matches this plan and its shard, held-out part and counts still have their sha256."""
     try:
         summary = json.loads(layout.marker(unit).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(summary, dict) or summary.get("fingerprint") != fingerprint:
         return None
-    for path, key in ((layout.shard(unit), "sha256"), (layout.heldout_part(unit), "heldout_sha256")):
+    for path, key in zip(layout.unit_files(unit), MARKER_SHA256, strict=True):
         if not path.is_file() or file_sha256(path) != summary.get(key):
             return None
     return summary

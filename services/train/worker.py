@@ -36,7 +36,7 @@ import torch
 
 from albert_core.data_order import DataStream
 from albert_core.optim import set_schedule_position, time_position
-from albert_core.unigram import UnigramBaseline
+from albert_core.unigram import UnigramBaseline, stored_file
 from services.run.checkpoints import checkpoint_dir
 from services.run.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
@@ -135,7 +135,9 @@ def start_worker(plan: WorkerPlan) -> Worker:
 def build(worker: Worker):
     run = worker.plan.run
     vocab = worker.plan.token_ids.vocab_size
-    unigram = UnigramBaseline.load(worker.plan.unigram_dir, vocab) if worker.plan.unigram_dir else None
+    unigram = None
+    if worker.plan.unigram_dir:  # the driver stored the shard set's counts (train.plan.unigram_for)
+        unigram = UnigramBaseline.load_file(stored_file(worker.plan.unigram_dir), vocab)
     model = initial_model(run.model_config(vocab), run.run.seed, unigram)  # the same on every worker
     worker.backend.place(model)  # before the optimizer (XLA needs it)
     optimizer, scheduler = optimizer_for(model, run.optim)
