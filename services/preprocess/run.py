@@ -252,6 +252,8 @@ def _run_units(config: PreprocessConfig, job: PreprocessJob, layout: Layout) -> 
         "tokens_per_s": round(new_tokens / pipeline_seconds, 1) if written and pipeline_seconds > 0 else None,
         "worker_s": round(sum(s["seconds"] for s in written), 3),  # wall time inside the tasks
         "worker_cpu_s": round(sum(s["cpu_seconds"] for s in written), 3),
+        # the largest peak resident memory of a worker process that wrote a unit (its whole life, in MB)
+        "worker_peak_rss_mb": max((s.get("worker_peak_rss_mb", 0) for s in written), default=None),
     }
     return [summaries[i] for i in sorted(summaries)], timings
 

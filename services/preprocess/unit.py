@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import time
 from collections import Counter
@@ -295,6 +296,7 @@ def write_unit(
         input_bytes=unit.size,
         region=None if unit.region is None else asdict(unit.region),
         worker=f"{socket.gethostname()}:{os.getpid()}",
+        worker_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
     )
     write_json_atomic(layout.marker(unit), summary)
     return summary
