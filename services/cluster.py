@@ -45,7 +45,7 @@ EXCLUDES = [
     ".venv",
     ".venv-*",
     ".cache",
-    "data",
+    "/data",  # the corpora folder at the top, not services/data
     "runs",
     "__pycache__",
     ".pytest_cache",
