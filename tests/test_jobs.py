@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from services import cluster as jobs
+from services.jobs import cli as jobs_cli
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray
@@ -94,7 +95,7 @@ def model_info_job(cluster) -> str:
 
 def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="albert")
-    jobs.register(parser.add_subparsers(dest="command", required=True))
+    jobs_cli.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     try:
         return args.func(args)
