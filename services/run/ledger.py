@@ -12,9 +12,10 @@ bookkeeping, the dropout state and the run's events, and owns two files besides 
 
 Retention keeps the last `train.keep_last` checkpoints, the best by held-out MLM accuracy, and any checkpoint an
 evaluation or an active evaluation schedule (services.run.schedules) is still pending on; the rest are deleted
-from disk. The ledger decides when an evaluation is due and records its outcome; running evaluators is the
-coordinator actor's job (services.train.coordinator), which wraps a ledger. A run without a coordinator uses a ledger
-directly from its rank-0 worker (no evaluations).
+from disk if they lie inside the run's own checkpoints/ folder, and only dropped from the index otherwise. The
+ledger decides when an evaluation is due and records its outcome; running evaluators is the coordinator actor's
+job (services.train.coordinator), which wraps a ledger. A run without a coordinator uses a ledger directly from
+its rank-0 worker (no evaluations).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 from albert_core.files import CorruptCheckpoint, atomic_write_bytes, read_state_json
 from services.run import log as run_log
 from services.run import schedules
-from services.run.checkpoints import verify_checkpoint
+from services.run.checkpoints import CHECKPOINTS_DIR, verify_checkpoint
 from services.run.config import RunConfig
 from services.run.health import plateau
 
@@ -301,7 +302,11 @@ class RunLedger:
         return next((c for c in self.state.checkpoints if c.step == step), None)
 
     def apply_retention(self) -> list[str]:
-        """Delete checkpoints that are not among the last keep_last, not the best evaluated, not being evaluated."""
+        """Delete checkpoints that are not among the last keep_last, not the best evaluated, not being evaluated.
+
+        Only what resolves (symlinks followed) inside this run's own checkpoints/ folder is deleted: an index that
+        names anything else (a run directory copied with `cp -r`, a hand-edited coordinator.json) loses the entry
+        with a checkpoint_not_deleted event, and the files stay."""
         checkpoints = self.state.checkpoints
         keep = {c.step for c in checkpoints[-self.config.train.keep_last :]}
         best = best_evaluation(self.state)
@@ -310,10 +315,14 @@ class RunLedger:
         keep |= {e.step for e in self.pending_evals()}
         keep |= schedules.held_steps(self.run_dir, [c.step for c in checkpoints])
         deleted = []
+        own = (self.run_dir / CHECKPOINTS_DIR).resolve()
         for entry in [c for c in checkpoints if c.step not in keep]:
             path = Path(entry.path)
-            if self.run_dir.resolve().is_relative_to(path):  # never the run directory or a parent of it
-                self.event(entry.step, "checkpoint_not_deleted", path=str(path), reason="contains the run directory")
+            resolved = path.resolve()
+            if resolved == own or not resolved.is_relative_to(own):  # a copied run's index names another run's
+                checkpoints.remove(entry)
+                reason = f"outside this run's {own}: dropped from the index, not deleted"
+                self.event(entry.step, "checkpoint_not_deleted", path=str(path), reason=reason)
                 continue
             try:
                 shutil.rmtree(path)
