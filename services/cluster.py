@@ -12,7 +12,9 @@ Security defaults (deploy.md, "Security"):
 - Ray token auth: the token comes from where Ray itself looks (RAY_AUTH_TOKEN, then the file named by
   RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token) or from `token_file`, and is sent as an Authorization header.
   RAY_AUTH_MODE=disabled sends none; RAY_AUTH_MODE=token without a token is an error. The token is never printed,
-  logged, put in an entrypoint or in a runtime_env (which anyone who can list jobs can read).
+  logged, put in an entrypoint or in a runtime_env (which anyone who can list jobs can read). A token file that
+  others can read or write is refused (as ssh refuses such a key), and so is one inside the uploaded working dir.
+- The upload leaves out files that hold secrets (SECRET_EXCLUDES: .env*, .netrc, .ray/, *.token, keys...).
 
 Ray is imported inside the functions that use it, so the offline commands that import this module stay fast.
 """
@@ -39,6 +41,15 @@ JOB_KINDS = (
     *("preprocess", "pretrain", "finetune", "evaluate", "eval", "experiment", "analyze", "tokenizer", "model"),
     "status",  # a run's state as the cluster sees it, when its run directory is not mounted where you are
 )
+# Never uploaded either: files that hold secrets (anyone who can list the cluster's jobs can download a job's
+# package). The token file in use is also refused outright when it lies inside the working dir (submit_entrypoint).
+SECRET_EXCLUDES = [
+    *(".env", ".env.*", ".envrc", ".netrc", "_netrc", ".git-credentials", ".pypirc", ".npmrc"),
+    *(".ray", ".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".config/gcloud"),
+    *("*.token", "auth_token", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "kubeconfig", "*.kubeconfig"),
+    *("id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*"),
+    *("credentials", "*credentials*.json", "service-account*.json", "*.secret"),
+]
 # Never uploaded with the working dir (gitignore syntax, relative to it): environments, caches, corpora, outputs.
 EXCLUDES = [
     ".git",
@@ -53,6 +64,7 @@ EXCLUDES = [
     ".hypothesis",
     "bench/results",
     "*.safetensors",
+    *SECRET_EXCLUDES,
 ]
 TERMINAL_STATUSES = ("SUCCEEDED", "FAILED", "STOPPED")
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -159,38 +171,76 @@ def check_address(address: str, *, allow_insecure: bool = False) -> str:
 
 
 def _read_token_file(path: Path, origin: str) -> str:
+    path = path.expanduser()
     try:
-        token = path.expanduser().read_text().strip()
+        mode = path.stat().st_mode
+        token = path.read_text().strip()
     except OSError as err:
         raise JobsError(f"{origin}: cannot read token file {path}: {err.strerror}") from None
+    if mode & 0o077:  # as ssh refuses a private key others can read
+        raise JobsError(
+            f"{origin}: token file {path} is accessible by others (mode {mode & 0o777:o}): chmod 600 {path}"
+        )
     if not token:
         raise JobsError(f"{origin}: token file {path} is empty")
     return token
 
 
-def resolve_token(token_file: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The Ray auth token to send, looked up as Ray looks it up; None when there is none (or auth is disabled)."""
+def _auth_mode(environ: Mapping[str, str]) -> str:
+    mode = environ.get(AUTH_MODE_ENV, "").strip().lower()
+    if mode not in ("", "token", "disabled"):
+        raise JobsError(f"{AUTH_MODE_ENV}: expected 'token' or 'disabled', got {environ[AUTH_MODE_ENV]!r}")
+    return mode
+
+
+def token_file_in_use(
+    token_file: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[Path, str] | None:
+    """The token file a request reads and what named it, looked up as Ray looks it up; None when the token comes
+    from RAY_AUTH_TOKEN, auth is disabled or there is no file."""
     environ = os.environ if environ is None else environ
     if token_file is not None:
-        return _read_token_file(Path(token_file), "--token-file")
-    mode = environ.get(AUTH_MODE_ENV, "").strip().lower()
+        return Path(token_file).expanduser(), "--token-file"
+    if _auth_mode(environ) == "disabled" or environ.get(TOKEN_ENV, "").strip():
+        return None
+    if environ.get(TOKEN_PATH_ENV):
+        return Path(environ[TOKEN_PATH_ENV]).expanduser(), TOKEN_PATH_ENV
+    default = Path.home() / ".ray" / "auth_token"
+    return (default, "default token file") if default.is_file() else None
+
+
+def resolve_token(token_file: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The Ray auth token to send, looked up as Ray looks it up; None when there is none (or auth is disabled).
+    A token file that others can read or write is refused, as ssh refuses such a private key."""
+    environ = os.environ if environ is None else environ
+    found = token_file_in_use(token_file, environ)
+    if found is not None:
+        return _read_token_file(*found)
+    mode = _auth_mode(environ)
     if mode == "disabled":
         return None
-    if mode not in ("", "token"):
-        raise JobsError(f"{AUTH_MODE_ENV}: expected 'token' or 'disabled', got {environ[AUTH_MODE_ENV]!r}")
     if environ.get(TOKEN_ENV, "").strip():
         return environ[TOKEN_ENV].strip()
-    if environ.get(TOKEN_PATH_ENV):
-        return _read_token_file(Path(environ[TOKEN_PATH_ENV]), TOKEN_PATH_ENV)
-    default = Path.home() / ".ray" / "auth_token"
-    if default.is_file():
-        return _read_token_file(default, "default token file")
     if mode == "token":
         raise JobsError(
             f"{AUTH_MODE_ENV}=token but no token found: set {TOKEN_PATH_ENV} to the cluster's token file, set "
             f"{TOKEN_ENV}, write it to ~/.ray/auth_token, or pass --token-file"
         )
     return None
+
+
+def check_token_outside(working_dir: str, token_file: str | os.PathLike | None, environ: Mapping[str, str]) -> None:
+    """Refuse a token file that lies inside the working directory about to be uploaded (the upload's denylist
+    would likely leave it out, but a token has no business in a job package's source tree)."""
+    found = token_file_in_use(token_file, environ)
+    if found is None or "://" in working_dir:
+        return
+    path, origin = found
+    if path.resolve().is_relative_to(Path(working_dir).resolve()):
+        raise JobsError(
+            f"{origin}: token file {path} lies inside the working directory {working_dir} that is uploaded: "
+            "keep it outside (e.g. ~/.ray/, mode 600) and point RAY_AUTH_TOKEN_PATH or --token-file at it"
+        )
 
 
 def job_server(
@@ -283,6 +333,8 @@ def submit_entrypoint(
     """Submit a shell command as a Ray job; returns the job id. `wait` blocks until it ends, and raises
     JobFailedError unless it SUCCEEDED."""
     env = build_runtime_env(working_dir, runtime_env)
+    environ = os.environ if environ is None else environ
+    check_token_outside(env["working_dir"], token_file, environ)
     token = resolve_token(token_file, environ)
     if token and (token in entrypoint or token in json.dumps(env)):
         raise JobsError("refusing to submit: the cluster token would be stored in the job's entrypoint/runtime_env")

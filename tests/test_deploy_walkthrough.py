@@ -91,6 +91,14 @@ def test_the_walkthrough_runs_as_written_and_trains_on_the_cluster(walked):
     assert '"run_name": "trial"' in console  # albert status, from the URL the page exports
 
 
+def test_the_token_the_walkthrough_uses_stays_outside_the_uploaded_working_directory(walked):
+    work, env, done = walked
+    token = Path(env["ALBERT_CLUSTER_DIR"]) / "auth_token"  # what `local_cluster.sh env` exports
+    assert f"RAY_AUTH_TOKEN_PATH={token}" in done.stdout + done.stderr
+    assert not token.resolve().is_relative_to(work.resolve())
+    assert token.stat().st_mode & 0o077 == 0  # albert submit refuses a token file others can read
+
+
 def test_each_checkpoint_is_on_disk_once(walked):
     work, _, _ = walked
     run = work / "runs" / "trial"

@@ -9,13 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
+import pytest
 import torch
+from ray._private.runtime_env.packaging import create_package
 
 from albert_core.checkpoint import save_model
 from albert_core.config import AlbertConfig
 from albert_core.model import AlbertForPreTraining
+from services import cluster
 from services.run.config import RunConfig
 from services.run.ledger import RunLedger
 
@@ -70,3 +74,68 @@ def test_retention_still_deletes_the_runs_own_old_checkpoints(tmp_path):
     a.checkpoint_saved(100, paths[0])
     assert a.checkpoint_saved(200, paths[1]).deleted == [paths[0]]
     assert not Path(paths[0]).exists() and Path(paths[1]).is_dir()
+
+
+# --- 2. no job uploads a secret ----------------------------------------------------------------------------------
+
+SECRETS = (
+    ".env", ".env.production", ".netrc", ".ray/auth_token", "albert-ray.token", "tls/server.pem", "tls/server.key",
+    "id_rsa", "id_ed25519.pub", ".aws/credentials", "gcp-credentials.json", ".git-credentials", ".ssh/config",
+    "configs/.env", "kube/kubeconfig",
+)  # fmt: skip
+
+
+def test_the_job_package_leaves_out_files_that_hold_secrets(tmp_path):
+    work = tmp_path / "work"
+    for name in (*SECRETS, "train.py", "configs/tiny.toml", "docs/keys.md"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text("x")
+    env = cluster.build_runtime_env(work)
+    package = tmp_path / "package.zip"  # what the Jobs client uploads, zipped by Ray's own packaging code
+    create_package(str(work), package, include_gitignore=True, excludes=env["excludes"])
+    with zipfile.ZipFile(package) as zipped:
+        assert sorted(zipped.namelist()) == ["configs/tiny.toml", "docs/keys.md", "train.py"]
+
+
+def private_token(path: Path, token: str = "s3cr3t") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(token)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.mark.parametrize("how", ["--token-file", "RAY_AUTH_TOKEN_PATH"])
+def test_submit_refuses_a_token_file_inside_the_uploaded_working_directory(tmp_path, how):
+    work = tmp_path / "work"
+    token = private_token(work / "secrets" / "albert-ray.token")
+    options = {"token_file": token, "environ": {}} if how == "--token-file" else {"environ": {how: str(token)}}
+    with pytest.raises(cluster.JobsError) as refused:  # before anything is packaged or sent
+        cluster.submit("model", ["info"], address="http://127.0.0.1:9", working_dir=work, **options)
+    assert str(refused.value) == (
+        f"{how}: token file {token} lies inside the working directory {work} that is uploaded: keep it outside "
+        "(e.g. ~/.ray/, mode 600) and point RAY_AUTH_TOKEN_PATH or --token-file at it"
+    )
+
+
+def test_a_token_file_outside_the_working_directory_goes_on_to_the_job_server(tmp_path):
+    token = private_token(tmp_path / "home" / ".ray" / "albert.token")
+    (tmp_path / "work").mkdir()
+    with pytest.raises(cluster.JobsError, match="cannot reach the Ray job server at http://127.0.0.1:9"):
+        cluster.submit("model", ["info"], address="http://127.0.0.1:9", working_dir=tmp_path / "work",
+                       token_file=token, environ={})  # fmt: skip
+
+
+# --- 9. the token file's permissions ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620])
+def test_a_token_file_others_can_read_or_write_is_refused_as_ssh_refuses_such_a_key(tmp_path, mode):
+    token = private_token(tmp_path / "albert.token")
+    token.chmod(mode)
+    with pytest.raises(cluster.JobsError) as refused:
+        cluster.resolve_token(environ={"RAY_AUTH_TOKEN_PATH": str(token)})
+    assert str(refused.value) == (
+        f"RAY_AUTH_TOKEN_PATH: token file {token} is accessible by others (mode {mode:o}): chmod 600 {token}"
+    )
+    token.chmod(0o600)
+    assert cluster.resolve_token(environ={"RAY_AUTH_TOKEN_PATH": str(token)}) == "s3cr3t"

@@ -188,6 +188,7 @@ def test_cluster_rejects_a_client_without_the_token(cluster, tmp_path, monkeypat
 def test_cluster_rejects_a_wrong_token(cluster, tmp_path):
     wrong = tmp_path / "wrong"
     wrong.write_text(secrets.token_hex(32))
+    wrong.chmod(0o600)
     with pytest.raises(jobs.JobsError, match="rejected the token"):
         jobs.list_jobs(address=cluster.address, token_file=wrong, environ={})
 
@@ -267,6 +268,8 @@ def test_token_lookup_follows_rays_precedence(tmp_path, monkeypatch):
     (tmp_path / ".ray" / "auth_token").write_text("from-home\n")
     path = tmp_path / "tok"
     path.write_text("from-path\n")
+    for private in (path, tmp_path / ".ray" / "auth_token"):
+        private.chmod(0o600)
     assert jobs.resolve_token(environ={}) == "from-home"
     assert jobs.resolve_token(environ={"RAY_AUTH_TOKEN_PATH": str(path)}) == "from-path"
     assert jobs.resolve_token(environ={"RAY_AUTH_TOKEN_PATH": str(path), "RAY_AUTH_TOKEN": "from-env"}) == "from-env"
@@ -288,6 +291,7 @@ def test_unreadable_token_path_is_an_error_naming_the_file(tmp_path):
 def test_submit_refuses_to_store_the_token_in_the_runtime_env(tmp_path):
     token = tmp_path / "tok"
     token.write_text("s3cr3t-token-value")
+    token.chmod(0o600)
     with pytest.raises(jobs.JobsError, match="token would be stored"):
         jobs.submit(
             "model",
