@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,13 @@ SHARING_MODES = ("all", "attention", "ffn", "none")
 ACTIVATIONS = ("gelu_new", "gelu", "relu")
 POSITION_BIASES = ("none", "alibi", "rotary")
 POOLINGS = ("cls", "mean")
+
+
+# Sizes a config may ask for, checked before anything is built: a config.json read from a checkpoint is input.
+# The parameter cap is 20B (100x xxlarge's 223M), raised by setting ALBERT_MAX_PARAMETERS (e.g. 50e9).
+MAX_PARAMETERS = 20_000_000_000
+MAX_PARAMETERS_ENV = "ALBERT_MAX_PARAMETERS"
+MAX_LAYERS = 1024  # layers are Python modules (and loop iterations): a few dozen in every known model
 
 
 class ConfigError(ValueError):
@@ -112,6 +120,8 @@ class AlbertConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ConfigError(f"{name}: expected a finite number > 0, got {value!r}")
+        if self.num_hidden_layers > MAX_LAYERS:
+            raise ConfigError(f"num_hidden_layers: {self.num_hidden_layers} is above the limit of {MAX_LAYERS}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size: {self.hidden_size} is not divisible by num_attention_heads ({self.num_attention_heads})"
@@ -151,6 +161,7 @@ class AlbertConfig:
                 f"embedding_projection: False needs embedding_size == hidden_size, got "
                 f"{self.embedding_size} != {self.hidden_size}"
             )
+        _check_parameter_count(self)
 
     # --- presets and serialization -------------------------------------------------------------
 
@@ -245,6 +256,41 @@ PRESETS: dict[str, dict[str, Any]] = {
         intermediate_size=1024,
     ),
 }
+
+
+def max_parameters() -> int:
+    """The parameter cap: MAX_PARAMETERS, or ALBERT_MAX_PARAMETERS when set."""
+    raw = os.environ.get(MAX_PARAMETERS_ENV, "").strip()
+    if not raw:
+        return MAX_PARAMETERS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ConfigError(f"{MAX_PARAMETERS_ENV}: expected a positive number, got {raw!r}")
+    return int(value)
+
+
+def _check_parameter_count(config: AlbertConfig) -> None:
+    """Refuse a config above the parameter cap, naming the field whose tensors weigh most."""
+    total, limit = count_parameters(config), max_parameters()
+    if total <= limit:
+        return
+    V, E, H, F = config.vocab_size, config.embedding_size, config.hidden_size, config.intermediate_size
+    weights = {
+        "vocab_size": V * E,
+        "max_position_embeddings": config.max_position_embeddings * E,
+        "type_vocab_size": config.type_vocab_size * E,
+        "embedding_size": E * H,
+        "hidden_size": config.num_attention_blocks * 4 * H * H,
+        "intermediate_size": config.num_ffn_blocks * 2 * H * F,
+    }
+    field = max(weights, key=weights.__getitem__)
+    raise ConfigError(
+        f"{field}: {getattr(config, field)} gives {total / 1e9:.1f}B parameters, above the limit of {limit / 1e9:g}B "
+        f"(set {MAX_PARAMETERS_ENV} to allow more)"
+    )
 
 
 def count_parameters(config: AlbertConfig, *, pooler: bool = True) -> int:

@@ -258,18 +258,6 @@ def _detect_prefix(hf_state: dict[str, Tensor], kind: str) -> str:
     return prefix if any(k.startswith(prefix + "embeddings.") for k in hf_state) else ""
 
 
-def load_hf_checkpoint(directory: str | Path) -> tuple[AlbertConfig, dict[str, Tensor]]:
-    """Read a transformers checkpoint directory (config.json + model.safetensors) and convert it."""
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    config_path, weights_path = directory / "config.json", directory / "model.safetensors"
-    for path in (config_path, weights_path):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: not found (expected a transformers checkpoint)")
-    return from_hf(load_file(weights_path), json.loads(config_path.read_text()))
-
-
 def save_hf_checkpoint(directory: str | Path, state: dict[str, Tensor], config: AlbertConfig) -> Path:
     """Write our weights as a transformers checkpoint directory that `from_pretrained` loads."""
     from safetensors.torch import save_file

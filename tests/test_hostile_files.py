@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import resource
 import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -16,8 +20,9 @@ import pytest
 import torch
 from ray._private.runtime_env.packaging import create_package
 
-from albert_core.checkpoint import save_model
-from albert_core.config import AlbertConfig
+from albert_core.checkpoint import save_model, state_dict_of
+from albert_core.config import AlbertConfig, ConfigError
+from albert_core.interop import save_hf_checkpoint
 from albert_core.model import AlbertForPreTraining
 from services import cluster
 from services.run.config import RunConfig
@@ -139,3 +144,74 @@ def test_a_token_file_others_can_read_or_write_is_refused_as_ssh_refuses_such_a_
     )
     token.chmod(0o600)
     assert cluster.resolve_token(environ={"RAY_AUTH_TOKEN_PATH": str(token)}) == "s3cr3t"
+
+
+# --- 3. a config.json cannot make albert allocate the machine -------------------------------------------------
+
+ADDRESS_SPACE = 3 << 30  # the CLI below runs with 3 GiB of address space: torch and a tiny model fit, no more
+
+
+def albert_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`albert ARGV` from this checkout, in a process whose memory is capped (a refusal must allocate nothing)."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "services.cli", *argv]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=cap)
+
+
+def doctored_checkpoint(directory: Path, kind: str, **config_changes) -> Path:
+    """A tiny real checkpoint (ours or transformers') whose config.json was then edited to say other sizes."""
+    torch.manual_seed(0)
+    model = AlbertForPreTraining(tiny_config(embedding_size=128, embedding_projection=True))
+    if kind == "hf":
+        save_hf_checkpoint(directory, state_dict_of(model), model.config)
+    else:
+        save_model(directory, model)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **config_changes}))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes", "message"),
+    [
+        ("hf", {"vocab_size": 10**9}, "config.json: vocab_size: 1000000000 gives 128.0B parameters, above the limit"),
+        ("albert", {"vocab_size": 10**9}, "config.json: vocab_size: 1000000000 gives 128.0B parameters, above"),
+        ("hf", {"num_hidden_layers": 100_000}, "config.json: num_hidden_layers: 100000 is above the limit of 1024"),
+        (
+            "hf",
+            {"vocab_size": 20_000_000},  # 2.6B parameters: under the cap, 10 GB if it were built
+            "model.safetensors: albert.embeddings.word_embeddings.weight has shape (64, 128) but config.json "
+            "makes it (20000000, 128)",
+        ),
+        (
+            "albert",
+            {"intermediate_size": 50_000_000},
+            "model.safetensors: albert.encoder.ffn_blocks.0.down.weight has shape (32, 64) but config.json makes it "
+            "(32, 50000000)",
+        ),
+    ],
+    ids=["hf-vocab-1e9", "albert-vocab-1e9", "hf-100k-layers", "hf-vocab-2e7", "albert-ffn-5e7"],
+)
+def test_a_checkpoint_whose_config_lies_about_its_sizes_is_refused_before_any_tensor_is_built(
+    tmp_path, kind, changes, message
+):
+    source = doctored_checkpoint(tmp_path / "source", kind, **changes)
+    done = albert_cli("convert", str(source), str(tmp_path / "out"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_parameter_cap_is_documented_and_can_be_raised(monkeypatch):
+    big = dict(vocab_size=200_000_000, embedding_size=128)  # 25.6B parameters
+    with pytest.raises(ConfigError, match=r"vocab_size: 200000000 gives 25.6B parameters, above the limit of 20B "):
+        tiny_config(**big)
+    monkeypatch.setenv("ALBERT_MAX_PARAMETERS", "30e9")
+    assert tiny_config(**big).vocab_size == 200_000_000  # a config only: nothing is allocated
+    monkeypatch.setenv("ALBERT_MAX_PARAMETERS", "lots")
+    with pytest.raises(ConfigError, match="ALBERT_MAX_PARAMETERS: expected a positive number, got 'lots'"):
+        tiny_config()

@@ -7,9 +7,9 @@ import pytest
 import torch
 import transformers
 
-from albert_core.checkpoint import load_weights
+from albert_core.checkpoint import load_weights, read_checkpoint
 from albert_core.config import AlbertConfig
-from albert_core.interop import from_hf, load_hf_checkpoint, save_hf_checkpoint, to_hf
+from albert_core.interop import from_hf, save_hf_checkpoint, to_hf
 from albert_core.model import AlbertForPreTraining, AlbertModel
 
 TOL = 1e-5
@@ -189,7 +189,7 @@ def _minilm_dir() -> Path:
 def test_real_bert_weights_match_transformers_bertmodel():
     """A real pretrained BERT (all-MiniLM-L6-v2, 6 layers, H=384, safetensors) gives transformers' outputs."""
     directory = _minilm_dir()
-    config, state = load_hf_checkpoint(directory)
+    config, state = read_checkpoint(directory)
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (6, 384, 30522)
     ours = AlbertModel(config).eval()
     load_weights(ours, state)
