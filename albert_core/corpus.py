@@ -641,13 +641,16 @@ def _read_parquet(
         return
     groups = range(*(row_groups or (0, pf.metadata.num_row_groups)))
     row = sum(pf.metadata.row_group(g).num_rows for g in range(groups.start))
+    pf = pq.ParquetFile(f, metadata=pf.metadata, read_dictionary=[text_field])  # a repeated value is held once
     try:
         for batch in pf.iter_batches(columns=[text_field], batch_size=256, row_groups=list(groups)):
-            for value in batch.column(0).to_pylist():
+            for value in _parquet_values(batch.column(0), max_chars):
                 row += 1
                 location = f"row {row}"
                 if value is None:
                     yield Skip(source, location, "empty", f"column {text_field!r} is null: expected text")
+                elif isinstance(value, _TooLong):
+                    yield Skip(source, location, "too_long", f"{value} characters > max_document_chars={max_chars}")
                 elif not isinstance(value, str):
                     detail = f"column {text_field!r} must hold strings, got {type(value).__name__}"
                     yield Skip(source, location, "malformed_record", detail)
@@ -655,6 +658,35 @@ def _read_parquet(
                     yield _checked(source, location, value, max_chars)
     except pa.ArrowException as err:
         yield Skip(source, f"row {row + 1}", "malformed_parquet", f"unreadable from here on: {err}")
+
+
+class _TooLong(int):
+    """The length of a Parquet value too long to be a document, in place of the value (never made a str)."""
+
+
+def _parquet_values(column, max_chars: int) -> Iterator[object]:
+    """A column's values, each string's (or bytes') length checked in Arrow before it becomes a Python object: a
+    longer one than max_chars comes as its _TooLong length. A dictionary's values are measured and converted once
+    each, so a long value repeated on every row of a dictionary-encoded file is never expanded."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = pa.types.is_dictionary(column.type)
+    values = column.dictionary if encoded else column
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        lengths = pc.utf8_length(values)
+    elif pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
+        lengths = pc.binary_length(values)  # not text (a skip), but not expanded either
+    else:
+        yield from column.to_pylist()
+        return
+    if not encoded and (pc.max(lengths).as_py() or 0) <= max_chars:  # the usual case: every value fits
+        yield from values.to_pylist()
+        return
+    kept = [
+        _TooLong(n) if n is not None and n > max_chars else values[i].as_py() for i, n in enumerate(lengths.to_pylist())
+    ]
+    yield from (kept if not encoded else (None if i is None else kept[i] for i in column.indices.to_pylist()))
 
 
 # ----------------------------------------------------------------------------------------------------------

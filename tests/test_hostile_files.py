@@ -16,12 +16,16 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from ray._private.runtime_env.packaging import create_package
 
 from albert_core.checkpoint import save_model, state_dict_of
 from albert_core.config import AlbertConfig, ConfigError
+from albert_core.downstream import DataFormatError
+from albert_core.downstream.tables import read_table
 from albert_core.interop import save_hf_checkpoint
 from albert_core.model import AlbertForPreTraining
 from services import cluster
@@ -151,15 +155,36 @@ def test_a_token_file_others_can_read_or_write_is_refused_as_ssh_refuses_such_a_
 ADDRESS_SPACE = 3 << 30  # the CLI below runs with 3 GiB of address space: torch and a tiny model fit, no more
 
 
-def albert_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`albert ARGV` from this checkout, in a process whose memory is capped (a refusal must allocate nothing)."""
+def capped(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python ARGV` with this checkout's code, in a process whose memory is capped: what the test makes it read
+    must not allocate the machine even on code that gets it wrong (it fails there instead)."""
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "services.cli", *argv]
+    command = [sys.executable, *argv]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=cap)
+
+
+def albert_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return capped("-m", "services.cli", *argv, timeout=timeout)
+
+
+def measured(code: str) -> dict:
+    """Run `code` (which sets `result`) in a capped process; its result and how far its peak RSS rose meanwhile."""
+    script = (
+        "import json\nimport pyarrow, pyarrow.parquet, pyarrow.compute\n"
+        "import albert_core.corpus, albert_core.downstream.tables\n"
+        "def peak_kb():  # VmHWM: this process's peak RSS since exec (ru_maxrss would count the forking parent's)\n"
+        "    return int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])\n"
+        "before = peak_kb()\n"
+        f"{code}\n"
+        "print(json.dumps({'result': result, 'grown_mb': (peak_kb() - before) / 1024}))\n"
+    )
+    done = capped("-c", script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def doctored_checkpoint(directory: Path, kind: str, **config_changes) -> Path:
@@ -215,3 +240,52 @@ def test_the_parameter_cap_is_documented_and_can_be_raised(monkeypatch):
     monkeypatch.setenv("ALBERT_MAX_PARAMETERS", "lots")
     with pytest.raises(ConfigError, match="ALBERT_MAX_PARAMETERS: expected a positive number, got 'lots'"):
         tiny_config()
+
+
+# --- 4. Parquet decompression bombs -----------------------------------------------------------------------------
+
+
+def dictionary_bomb(path: Path, value_chars: int, rows: int, column: str = "text") -> Path:
+    """A dictionary-encoded Parquet file of a few KB: one long value, repeated on every row (the indices are
+    run-length encoded), so that it expands to value_chars x rows characters when each row is decoded."""
+    values = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), ["word " * (value_chars // 5)])
+    table = pa.table({column: values})
+    pq.write_table(table, path, compression="zstd", use_dictionary=True)
+    return path
+
+
+def test_a_parquet_corpus_file_whose_dictionary_repeats_a_long_value_is_skipped_without_expanding_it(tmp_path):
+    path = dictionary_bomb(tmp_path / "bomb.parquet", value_chars=1_000_000, rows=1000)  # 1 GB once decoded
+    assert path.stat().st_size < 20_000
+    code = (
+        "from collections import Counter\n"
+        f"out = albert_core.corpus.read_documents({str(path)!r}, max_document_chars=100_000)\n"
+        "result = Counter(r.reason for r in out if hasattr(r, 'reason'))"
+    )
+    measured_run = measured(code)
+    assert measured_run["result"] == {"too_long": 1000}  # every row a counted skip, as a long line is
+    assert measured_run["grown_mb"] < 64, measured_run  # before: +260 MB (256 rows decoded at a time)
+
+
+def test_a_custom_parquet_table_whose_cells_expand_hugely_is_refused_naming_the_row_and_column(tmp_path):
+    path = dictionary_bomb(tmp_path / "train.parquet", value_chars=2_000_000, rows=2000)  # 4 GB once decoded
+    code = (
+        "from albert_core.downstream import DataFormatError\n"
+        "try:\n"
+        f"    albert_core.downstream.tables.read_table({str(path)!r})\n"
+        "    result = 'read'\n"
+        "except DataFormatError as err:\n"
+        "    result = str(err)"
+    )
+    measured_run = measured(code)
+    assert measured_run["result"] == (
+        f"{path}: row 0: column 'text' holds 2000000 characters, more than the 1000000 a table cell may hold"
+    )
+    assert measured_run["grown_mb"] < 64, measured_run
+
+
+def test_a_custom_parquet_table_of_more_rows_than_allowed_is_refused_before_reading_them(tmp_path):
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"text": pa.array(["a"] * 10_000_001).dictionary_encode()}), path, compression="zstd")
+    with pytest.raises(DataFormatError, match=r"train.parquet: 10000001 rows, more than the 10000000 a table may "):
+        read_table(path)

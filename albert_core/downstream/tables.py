@@ -38,6 +38,14 @@ TABLE_FORMATS = {
 }
 
 
+# What one table may hold, checked before its values become Python objects: rows (by the file's metadata), characters
+# in one cell (a text is cut to max_seq_length tokens anyway) and bytes once decoded. Real fine-tuning sets are far
+# below each (MNLI: 393K rows, 100 MB).
+MAX_ROWS = 10_000_000
+MAX_CELL_CHARS = 1_000_000
+MAX_TABLE_BYTES = 4 << 30
+
+
 @dataclass
 class Table:
     """One file's data rows: `rows[i]` maps column name -> value; `lines[i]` is the line row i starts on (0: none)."""
@@ -186,11 +194,54 @@ def _read_json_array(path: Path, text: str) -> Table:
 
 
 def _read_parquet(path: Path) -> Table:
+    """The rows, read in batches whose decoded size is checked in Arrow before any becomes Python objects (a
+    dictionary-encoded file can expand a few KB into GBs), within MAX_ROWS, MAX_CELL_CHARS and MAX_TABLE_BYTES."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        columns = pq.ParquetFile(path).schema_arrow
+        texts = [f.name for f in columns if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+        parquet = pq.ParquetFile(path, read_dictionary=texts)  # a value repeated on many rows is held once
+        if parquet.metadata.num_rows > MAX_ROWS:
+            raise DataFormatError(
+                path, "", f"{parquet.metadata.num_rows} rows, more than the {MAX_ROWS} a table may hold"
+            )
+        rows: list[dict[str, Any]] = []
+        size = 0
+        for batch in parquet.iter_batches(batch_size=1024):
+            size += _decoded_size(path, batch, len(rows))
+            if size > MAX_TABLE_BYTES:
+                where = f"row {len(rows) + batch.num_rows - 1}"
+                raise DataFormatError(path, where, f"the table decodes to more than {MAX_TABLE_BYTES >> 30} GiB")
+            rows += batch.to_pylist()
     except (pa.ArrowException, OSError) as err:
         raise DataFormatError(path, "", f"not a readable Parquet file ({err})") from None
-    return Table(path, "parquet", list(table.column_names), table.to_pylist(), [])
+    return Table(path, "parquet", list(columns.names), rows, [])
+
+
+def _decoded_size(path: Path, batch, first_row: int) -> int:
+    """The bytes a batch's values take once decoded, counted in Arrow; a cell over MAX_CELL_CHARS is an error."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = 0
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        encoded = pa.types.is_dictionary(column.type)
+        values = column.dictionary if encoded else column
+        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+            total += column.nbytes
+            continue
+        chars, size = pc.utf8_length(values), pc.binary_length(values)
+        if encoded:  # each row's own length, without decoding a value
+            chars, size = pc.take(chars, column.indices), pc.take(size, column.indices)
+        longest = pc.max(chars).as_py() or 0
+        if longest > MAX_CELL_CHARS:
+            row = first_row + pc.index(chars, longest).as_py()
+            raise DataFormatError(
+                path,
+                f"row {row}",
+                f"column {name!r} holds {longest} characters, more than the {MAX_CELL_CHARS} a table cell may hold",
+            )
+        total += (pc.sum(size).as_py() or 0) + 8 * len(column)
+    return total
