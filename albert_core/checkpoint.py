@@ -80,8 +80,10 @@ def read_checkpoint(directory: str | Path) -> tuple[AlbertConfig, dict[str, Tens
         raise CheckpointError(f"{config_path}: not found; a model directory holds {CONFIG_FILE} and {WEIGHTS_FILE}")
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
-        raise CheckpointError(f"{config_path}: not valid JSON ({str(err)[:200]})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{config_path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise CheckpointError(f"{config_path}: not valid JSON (nested too deeply)") from None
     if not weights.is_file():
         raise CheckpointError(f"{weights}: not found")
     header = header_tensors(weights)

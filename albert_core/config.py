@@ -196,6 +196,8 @@ class AlbertConfig:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise ConfigError(f"not valid JSON ({err})") from None
+        except RecursionError:
+            raise ConfigError("not valid JSON (nested too deeply)") from None
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:

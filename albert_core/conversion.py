@@ -79,6 +79,8 @@ def source_format(directory: str | Path) -> str:
         raise CheckpointError(f"{path}: not found; convert reads {FORMATS['albert']} or {FORMATS['hf']}") from None
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{path}: unreadable ({err})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: not valid JSON (nested too deeply)") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     return "hf" if "model_type" in raw else "albert"

@@ -594,6 +594,8 @@ def _jsonl_record(source: str, location: str, line: str, text_field: str, max_ch
         record = json.loads(line)
     except json.JSONDecodeError as err:
         return Skip(source, location, "malformed_record", f"expected a JSON object: {err}")
+    except RecursionError:
+        return Skip(source, location, "malformed_record", "expected a JSON object: nested too deeply")
     if not isinstance(record, dict):
         return Skip(source, location, "malformed_record", f"expected a JSON object, got {type(record).__name__}")
     if text_field not in record:

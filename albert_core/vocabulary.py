@@ -64,7 +64,7 @@ def checkpoint_vocab_size(checkpoint: str | Path) -> int | None:
     """vocab_size from the checkpoint's config.json (ours or transformers'); None when it cannot be read."""
     try:
         size = json.loads((Path(checkpoint) / "config.json").read_text()).get("vocab_size")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 

@@ -24,6 +24,7 @@ from ray._private.runtime_env.packaging import create_package
 
 from albert_core.checkpoint import save_model, state_dict_of
 from albert_core.config import AlbertConfig, ConfigError
+from albert_core.corpus import Document, Skip, read_documents
 from albert_core.downstream import DataFormatError
 from albert_core.downstream.tables import read_table
 from albert_core.interop import save_hf_checkpoint
@@ -289,3 +290,38 @@ def test_a_custom_parquet_table_of_more_rows_than_allowed_is_refused_before_read
     pq.write_table(pa.table({"text": pa.array(["a"] * 10_000_001).dictionary_encode()}), path, compression="zstd")
     with pytest.raises(DataFormatError, match=r"train.parquet: 10000001 rows, more than the 10000000 a table may "):
         read_table(path)
+
+
+# --- 5. deep JSON nesting -----------------------------------------------------------------------------------------
+
+DEEP = "[" * 200_000  # json.loads raises RecursionError, not a JSONDecodeError
+
+
+def test_a_jsonl_corpus_line_nested_200k_deep_is_a_counted_skip_and_reading_goes_on(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text(DEEP + "\n" + json.dumps({"text": "the next document."}) + "\n")
+    out = list(read_documents(str(path)))
+    assert [(r.location, r.reason) for r in out if isinstance(r, Skip)] == [("line 1", "malformed_record")]
+    assert [r.text for r in out if isinstance(r, Document)] == ["the next document."]
+    assert "nested too deeply" in out[0].detail
+
+
+@pytest.mark.parametrize(("name", "where"), [("train.jsonl", " row 1 (line 2):"), ("train.json", "")])
+def test_a_custom_table_nested_200k_deep_is_one_data_error_line_from_albert_finetune(tmp_path, name, where):
+    path = tmp_path / name
+    first = json.dumps({"text": "a fine row", "label": "a"})
+    path.write_text(first + "\n" + DEEP + "\n" if name.endswith(".jsonl") else "[" + DEEP)
+    done = albert_cli("finetune", "--task", "custom", "--train", str(path), "--checkpoint", str(tmp_path / "ckpt"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert (
+        done.stderr.startswith(f"albert: error: {path}:{where} not valid JSON") and "nested too deeply" in done.stderr
+    )
+
+
+def test_a_checkpoint_config_nested_200k_deep_is_refused_in_one_line(tmp_path):
+    source = doctored_checkpoint(tmp_path / "source", "albert")
+    (source / "config.json").write_text(DEEP)
+    done = albert_cli("convert", str(source), str(tmp_path / "out"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert "config.json" in done.stderr and "nested too deeply" in done.stderr

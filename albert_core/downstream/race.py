@@ -102,6 +102,8 @@ def read_race_file(path: str | Path, level: str) -> list[RaceExample]:
     text = path.read_text(encoding="utf-8")
     try:
         return _examples_of(json.loads(text), level, path, "")
+    except RecursionError:
+        raise DataFormatError(path, "", "expected JSON (nested too deeply)") from None
     except json.JSONDecodeError as whole_error:
         if whole_error.msg != "Extra data":  # not several objects, one per line: a broken file
             raise DataFormatError(path, f"line {whole_error.lineno}", f"expected JSON ({whole_error.msg})") from None
@@ -112,6 +114,8 @@ def read_race_file(path: str | Path, level: str) -> list[RaceExample]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataFormatError(path, f"line {n}", f"expected one JSON object per line ({e.msg})") from None
+        except RecursionError:
+            raise DataFormatError(path, f"line {n}", "expected one JSON object per line (nested too deeply)") from None
         examples += _examples_of(record, level, path, f"line {n}")
     return examples
 

@@ -150,6 +150,8 @@ def read_squad(path: str | Path) -> list[SquadExample]:
         document = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise _fail(path, f"line {e.lineno}", f"expected JSON ({e.msg})") from None
+    except RecursionError:
+        raise _fail(path, "top level", "expected JSON (nested too deeply)") from None
     examples = []
     for i, article in enumerate(_get(document, "data", list, path, "top level")):
         title = article.get("title", "") if isinstance(article, dict) else ""

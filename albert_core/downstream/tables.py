@@ -179,6 +179,8 @@ def _read_json_lines(path: Path, kind: str, text: str) -> Table:
             raise DataFormatError(
                 path, where, f"not valid JSON ({err.msg}); expected one JSON object per line"
             ) from None
+        except RecursionError:
+            raise DataFormatError(path, where, "not valid JSON: nested too deeply") from None
         rows.append(_object(path, where, value))
         lines.append(line)
     return _table_of_objects(path, "jsonl", rows, lines)
@@ -189,6 +191,8 @@ def _read_json_array(path: Path, text: str) -> Table:
         values = json.loads(text)
     except json.JSONDecodeError as err:
         raise DataFormatError(path, f"line {err.lineno}", f"not valid JSON ({err.msg})") from None
+    except RecursionError:
+        raise DataFormatError(path, "", "not valid JSON: nested too deeply") from None
     rows = [_object(path, f"row {i}", value) for i, value in enumerate(values)]
     return _table_of_objects(path, "json", rows, [])
 
