@@ -131,6 +131,12 @@ def write_manifest(directory: str | Path, names: Iterable[str], **fields: Any) -
     return manifest
 
 
+def leaves_directory(name: str) -> bool:
+    """Whether a file name a manifest lists would resolve outside the directory it is listed for: an absolute
+    path or one with a `..` part (the rule for checkpoint MANIFEST.json and shard set manifest.json names)."""
+    return Path(name).is_absolute() or ".." in Path(name).parts
+
+
 def verify_manifest(directory: str | Path, required: Iterable[str] = ()) -> dict[str, Any]:
     """Check every file listed in `<directory>/MANIFEST.json`; returns the manifest.
 
@@ -155,7 +161,7 @@ def verify_manifest(directory: str | Path, required: Iterable[str] = ()) -> dict
         if name not in files:
             raise CorruptCheckpoint(f"{manifest_path}: lists no {name}")
     for name, expected in files.items():
-        if Path(name).is_absolute() or ".." in Path(name).parts:
+        if leaves_directory(name):
             raise CorruptCheckpoint(f"{manifest_path}: file name {name!r} leaves the checkpoint directory")
         if not isinstance(expected, dict) or not isinstance(expected.get("sha256"), str) or "size" not in expected:
             raise CorruptCheckpoint(f"{manifest_path}: entry for {name} lacks sha256 or size")

@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from albert_core.files import leaves_directory
+
 EXAMPLE_SCHEMA = pa.schema(
     [
         # Globally unique, stable across reruns: (shard index << 32) | row in shard. Seeds the dynamic masks.
@@ -155,6 +157,8 @@ class ShardPart:
         for shard in entry["shards"]:
             if not isinstance(shard, dict) or not isinstance(shard.get("name"), str):
                 raise ManifestError(f"{where}: each shard needs a name, got {shard!r}")
+            if leaves_directory(shard["name"]):
+                raise ManifestError(f"{where}: shard name {shard['name']!r} leaves the shard set directory")
             n = shard.get("rows")
             if not isinstance(n, int) or isinstance(n, bool) or n < 0:
                 raise ManifestError(f"{where}: shard {shard['name']}: rows must be an int >= 0, got {n!r}")

@@ -16,6 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -29,9 +30,11 @@ from albert_core.downstream import DataFormatError
 from albert_core.downstream.tables import read_table
 from albert_core.interop import save_hf_checkpoint
 from albert_core.model import AlbertForPreTraining
+from albert_core.shards import write_random_shards
 from services import cluster
 from services.run.config import RunConfig
 from services.run.ledger import RunLedger
+from services.train.plan import read_shard_set
 
 
 def tiny_config(**fields) -> AlbertConfig:
@@ -325,3 +328,22 @@ def test_a_checkpoint_config_nested_200k_deep_is_refused_in_one_line(tmp_path):
     done = albert_cli("convert", str(source), str(tmp_path / "out"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert "config.json" in done.stderr and "nested too deeply" in done.stderr
+
+
+# --- 6. a shard set's manifest names files inside the shard set only ---------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+def test_a_shard_manifest_naming_a_file_outside_the_shard_set_is_refused(tmp_path, where):
+    write_random_shards(tmp_path / "elsewhere", (8,), vocab_size=64, rng=np.random.default_rng(0))  # real shards
+    shards = tmp_path / "shards"
+    write_random_shards(shards / "train", (8,), vocab_size=64, rng=np.random.default_rng(1))
+    outside = tmp_path / "elsewhere" / "shard-00000.parquet"
+    name = "../elsewhere/shard-00000.parquet" if where == "relative" else str(outside)
+    part = {"name": "part-0", "shards": [{"name": "train/shard-00000.parquet", "rows": 8}, {"name": name, "rows": 8}]}
+    (shards / "manifest.json").write_text(json.dumps({"version": 1, "parts": [part]}))
+    with pytest.raises(ConfigError) as refused:
+        read_shard_set(shards)
+    assert str(refused.value) == (
+        f"data.shards: {shards / 'manifest.json'}: parts[0]: shard name {name!r} leaves the shard set directory"
+    )
