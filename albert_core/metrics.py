@@ -169,12 +169,11 @@ def f1_macro(predictions, labels) -> float:
     """The unweighted mean of each class's F1, 2·tp / (2·tp + fp + fn), over the classes that occur in the labels
     or the predictions (scikit-learn's f1_score(average="macro"))."""
     predictions, labels = _pair(predictions, labels)
-    scores = []
-    for c in np.unique(np.concatenate([labels, predictions])):
-        p, y = predictions == c, labels == c
-        tp, fp, fn = int(np.sum(p & y)), int(np.sum(p & ~y)), int(np.sum(~p & y))
-        scores.append(2 * tp / (2 * tp + fp + fn))
-    return float(np.mean(scores))
+    classes, indices = np.unique(np.concatenate([labels, predictions]), return_inverse=True)  # counted, not scanned
+    y, p = indices[: len(labels)], indices[len(labels) :]
+    tp = np.bincount(y[p == y], minlength=len(classes))
+    fp, fn = np.bincount(p, minlength=len(classes)) - tp, np.bincount(y, minlength=len(classes)) - tp
+    return float(np.mean(2 * tp / (2 * tp + fp + fn)))
 
 
 def classification_metrics(predictions, labels) -> dict[str, float]:

@@ -13,7 +13,8 @@ what was expected:
 
 Without a dev file, `dev_fraction` of train is held out, drawn with `split_seed` (stratified by class for
 classification, at least one row of each class kept in train): the same rows every run, whatever the training
-seed. `CustomSplits.record()` describes the split (written as split.json beside the runs). Torch-free.
+seed. `CustomSplits.record()` describes the split (written as split.json beside the runs). At most MAX_CLASSES
+(10,000) classes: more is almost always a column of ids or texts given as the label. Torch-free.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from albert_core.downstream import DataFormatError
 from albert_core.downstream.tables import TABLE_FORMATS, Table, read_table, table_format
 
 SPLIT_SEED = 12345
+MAX_CLASSES = 10_000
 
 
 @dataclass(frozen=True)
@@ -160,11 +162,13 @@ def held_out_rows(examples: list[CustomExample], fraction: float, seed: int, *, 
     if not stratify:
         k = min(round(fraction * len(examples)), len(examples) - 1)
         return sorted(int(i) for i in rng.permutation(len(examples))[:k])
+    members: dict[Any, list[int]] = {}  # each class's rows, in file order: one pass, not one per class
+    for i, e in enumerate(examples):
+        members.setdefault(e.label, []).append(i)
     held: list[int] = []
-    for label in sorted({e.label for e in examples}):
-        members = [i for i, e in enumerate(examples) if e.label == label]
-        k = min(round(fraction * len(members)), len(members) - 1)
-        held += [int(i) for i in rng.permutation(members)[:k]]
+    for label in sorted(members):
+        k = min(round(fraction * len(members[label])), len(members[label]) - 1)
+        held += [int(i) for i in rng.permutation(members[label])[:k]]
     return sorted(held)
 
 
@@ -222,6 +226,14 @@ def _label_set(table: Table, raw: list[Any], config: CustomDataConfig) -> tuple[
             f"the label column {config.label_column!r} has the single value {next(iter(names))!r} in all "
             f"{len(raw)} rows; classification needs at least 2 classes (for numeric targets pass --regression)",
         )
+    if len(names) > MAX_CLASSES:
+        raise DataFormatError(
+            table.path,
+            "",
+            f"the label column {config.label_column!r} has {len(names)} distinct values, more than the "
+            f"{MAX_CLASSES} classes a classifier may have (a label column of ids or texts? for numeric targets pass "
+            "--regression)",
+        )
     if all(_is_integer(n) for n in names):
         return tuple(sorted(names, key=int))
     return tuple(sorted(names))
@@ -235,18 +247,18 @@ def _is_integer(name: str) -> bool:
     return True
 
 
-def _label(table: Table, row: int, value: Any, labels: tuple[str, ...] | None, config: CustomDataConfig):
+def _label(table: Table, row: int, value: Any, labels: dict[str, int] | None, config: CustomDataConfig):
     if labels is None:
         return _target(table, row, value, config)
     name = label_name(value)
     if name not in labels:
-        shown = ", ".join(labels[:20]) + (", ..." if len(labels) > 20 else "")
+        shown = ", ".join(list(labels)[:20]) + (", ..." if len(labels) > 20 else "")
         raise DataFormatError(
             table.path,
             table.where(row),
             f"label {name!r} is not one of the training data's labels ({shown}; from {config.train})",
         )
-    return labels.index(name)
+    return labels[name]
 
 
 def _target(table: Table, row: int, value: Any, config: CustomDataConfig) -> float:
@@ -283,8 +295,9 @@ def _examples(
     table: Table, config: CustomDataConfig, labels: tuple[str, ...] | None, raw: list[Any] | None
 ) -> list[CustomExample]:
     examples = []
+    ids = None if labels is None else {name: i for i, name in enumerate(labels)}  # a dict: no list.index per row
     for row in range(len(table.rows)):
-        label = None if raw is None else _label(table, row, raw[row], labels, config)
+        label = None if raw is None else _label(table, row, raw[row], ids, config)
         pair = None if config.text_pair_column is None else _text(table, row, config.text_pair_column)
         ident = str(row) if config.id_column is None else _ident(table, row, config.id_column)
         examples.append(CustomExample(ident, _text(table, row, config.text_column), pair, label))
