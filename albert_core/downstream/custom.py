@@ -121,14 +121,32 @@ class CustomData:
         return self._metrics(outputs) if self.splits.test_labelled else {}
 
     def write_predictions(self, outputs: TaskOutputs, out_dir: Path) -> Path:
-        """predictions_<split>.csv: <id column or "index">,<label column> (class names, or values)."""
+        """predictions_<split>.csv: <id column or "index">,<label column> (class names, or values). Every cell is
+        spreadsheet-safe (`spreadsheet_safe`) unless the config says raw_csv (`--raw-csv`)."""
         config = self.splits.config
         path = Path(out_dir) / f"predictions_{outputs.split}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         values = self.predictions(outputs)
+        cell = str if config.raw_csv else spreadsheet_safe
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
-            writer.writerow([config.id_column or "index", config.label_column])
+            writer.writerow([cell(config.id_column or "index"), cell(config.label_column)])
             for ident, value in zip(outputs.ids, values, strict=True):
-                writer.writerow([ident, f"{value:.6g}" if self.is_regression else self.labels[int(value)]])
+                label = f"{value:.6g}" if self.is_regression else self.labels[int(value)]
+                writer.writerow([cell(ident), cell(label)])
         return path
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(cell: str) -> str:
+    """The cell as a spreadsheet opens it as text: one that begins like a formula (= + - @, tab, carriage return)
+    and is not a number gets a leading ' (OWASP's advice against CSV injection); a number such as -1 stays one."""
+    if not cell.startswith(FORMULA_STARTS):
+        return cell
+    try:
+        float(cell)
+    except ValueError:
+        return "'" + cell
+    return cell

@@ -47,6 +47,7 @@ class CustomDataConfig:
     regression: bool = False  # labels are numbers to predict (Pearson / Spearman) rather than classes
     dev_fraction: float = 0.1
     split_seed: int = SPLIT_SEED
+    raw_csv: bool = False  # prediction cells as given, not made spreadsheet-safe (downstream.custom.spreadsheet_safe)
 
     def __post_init__(self) -> None:
         for name in ("train", "text_column", "label_column"):

@@ -37,6 +37,11 @@ def add_custom_data_arguments(parser) -> None:
     group.add_argument("--regression", action="store_true", help="labels are numbers to predict (Pearson/Spearman)")
     group.add_argument("--dev-fraction", type=float, default=0.1, help="held out of --train without --dev (0.1)")
     group.add_argument("--split-seed", type=int, help="seed of that held-out draw (default 12345; not --seed)")
+    group.add_argument(
+        "--raw-csv",
+        action="store_true",
+        help="write prediction cells as given (default: a cell a spreadsheet would run as a formula gets a leading ')",
+    )
 
 
 _CUSTOM_FLAGS = ("train", "dev", "test", "text_pair_column", "id_column", "split_seed")
@@ -48,6 +53,7 @@ def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Pa
     split written to output/split.json and the CustomDataConfig put into `overrides`."""
     given = [f"--{k.replace('_', '-')}" for k in _CUSTOM_FLAGS if getattr(args, k, None) is not None]
     given += ["--regression"] if getattr(args, "regression", False) else []
+    given += ["--raw-csv"] if getattr(args, "raw_csv", False) else []
     if task != "custom":
         if given:
             raise ValueError(f"albert finetune: {given[0]} is for --task custom; --task {task} reads --data")
@@ -64,7 +70,7 @@ def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Pa
     if not files["train"]:
         raise ValueError("albert finetune: --task custom needs --train (a .csv, .tsv, .jsonl, .json or .parquet file)")
     names = ("text_column", "text_pair_column", "label_column", "id_column")
-    fields = files | {k: getattr(args, k) for k in names} | {"regression": args.regression}
+    fields = files | {k: getattr(args, k) for k in names} | {"regression": args.regression, "raw_csv": args.raw_csv}
     fields["dev_fraction"] = args.dev_fraction
     if args.split_seed is not None:
         fields["split_seed"] = args.split_seed
