@@ -18,6 +18,7 @@ import io
 import json
 import logging
 import os
+import random
 import re
 import string
 import unicodedata
@@ -118,6 +119,25 @@ def _training_lines(texts: Iterable[str], config: TokenizerTrainConfig) -> Itera
                 yield " ".join(piece)
 
 
+def _sample_lines(lines: Iterator[str], config: TokenizerTrainConfig) -> tuple[list[str], int]:
+    """At most input_sentence_size of the lines (0: all), a uniform sample drawn as they stream by (reservoir
+    sampling, seeded), so that memory holds the sample and not the corpus; and how many lines there were. A corpus
+    of no more lines is kept whole and in order, as SentencePiece would have read it."""
+    k = config.input_sentence_size
+    rng = random.Random(config.seed)
+    sample: list[str] = []
+    seen = 0
+    for line in lines:
+        seen += 1
+        if k <= 0 or len(sample) < k:
+            sample.append(line)
+        else:
+            j = rng.randrange(seen)
+            if j < k:
+                sample[j] = line
+    return sample, seen
+
+
 def _train_model_bytes(lines: list[str], config: TokenizerTrainConfig, vocab_size: int) -> bytes:
     spm.set_random_generator_seed(config.seed)
     buffer = io.BytesIO()
@@ -151,7 +171,7 @@ def train_tokenizer(texts: Iterable[str], out_dir: Path, config: TokenizerTrainC
         raise ValueError(f"TokenizerTrainConfig.model_type must be 'unigram' or 'bpe', got {config.model_type!r}")
     if config.vocab_size <= len(SPECIAL_PIECES):
         raise ValueError(f"TokenizerTrainConfig.vocab_size must be > {len(SPECIAL_PIECES)}, got {config.vocab_size}")
-    lines = list(_training_lines(texts, config))
+    lines, seen = _sample_lines(_training_lines(texts, config), config)
     if not lines:
         raise ValueError("train_tokenizer: the training texts are empty (no non-blank line)")
 
@@ -172,7 +192,7 @@ def train_tokenizer(texts: Iterable[str], out_dir: Path, config: TokenizerTrainC
         largest = int(too_high.group(2))
         if not config.allow_smaller_vocab:
             raise ValueError(
-                f"vocab_size={vocab_size} is too large for this corpus ({len(lines)} lines): the largest "
+                f"vocab_size={vocab_size} is too large for this corpus ({seen} lines): the largest "
                 f"vocabulary it supports is {largest}. Use vocab_size <= {largest}, more text, "
                 f"or allow_smaller_vocab=True."
             ) from err

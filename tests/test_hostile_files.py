@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -426,3 +427,23 @@ def test_raw_csv_writes_prediction_cells_as_given(tmp_path, tiny_checkpoint):
     assert header == ["=id", "@label"]
     assert all(ident.startswith("+row") for ident, _ in rows)
     assert {label for _, label in rows} <= {*FORMULAS, "-1"}
+
+
+# --- 9. smaller: the tokenizer's corpus, batch sizes, --max-seq-length, what reaches the terminal -----------------
+
+
+def test_training_a_tokenizer_holds_its_sample_of_the_corpus_not_the_corpus(tmp_path):
+    words = (REPO / "tests" / "fixtures" / "tokenizer_corpus.txt").read_text().split()
+
+    def corpus():  # 50,000 documents of 15 words (5 MB), made as they are read
+        for i in range(50_000):
+            yield " ".join(words[(i * 7 + k * 13) % len(words)] for k in range(15)) + "."
+
+    tracemalloc.start()
+    try:
+        train_tokenizer(corpus(), tmp_path, TokenizerTrainConfig(vocab_size=300, input_sentence_size=5000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert Tokenizer.load(tmp_path).vocab_size == 300
+    assert peak < 4 << 20, f"peak {peak / 2**20:.1f} MiB"  # before: 12 MiB, every line kept (here 1.5)
