@@ -16,6 +16,8 @@ from albert_core.config import POOLINGS, AlbertConfig
 from albert_core.downstream.custom_splits import CustomDataConfig
 from albert_core.tokenization import MODEL_FILE
 
+MAX_BATCH_SIZE = 65_536  # examples in one fine-tuning batch (the paper's largest is 128)
+
 
 @dataclass(frozen=True)
 class TaskHyperparams:
@@ -36,6 +38,8 @@ class TaskHyperparams:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TaskHyperparams.{name}: expected a positive integer, got {value!r}")
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise ValueError(f"TaskHyperparams.batch_size: {self.batch_size} is above the limit of {MAX_BATCH_SIZE}")
         if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps < self.train_steps:
             raise ValueError(
                 f"TaskHyperparams.warmup_steps: expected 0 <= warmup_steps < train_steps ({self.train_steps}), "

@@ -106,8 +106,9 @@ class _Batches:
         self.pending = np.empty(0, dtype=np.int64)
 
     def next(self) -> np.ndarray:
-        while len(self.pending) < self.batch_size:
-            self.pending = np.concatenate([self.pending, self.rng.permutation(self.n)])
+        if len(self.pending) < self.batch_size:  # the epochs this batch reaches into, drawn in one go
+            epochs = -(-(self.batch_size - len(self.pending)) // self.n)
+            self.pending = np.concatenate([self.pending, *(self.rng.permutation(self.n) for _ in range(epochs))])
         batch, self.pending = self.pending[: self.batch_size], self.pending[self.batch_size :]
         return batch
 

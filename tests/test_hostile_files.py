@@ -32,6 +32,7 @@ from albert_core.corpus import Document, Skip, read_documents
 from albert_core.downstream import DataFormatError
 from albert_core.downstream.custom_splits import MAX_CLASSES, CustomDataConfig, load_custom_splits
 from albert_core.downstream.tables import read_table
+from albert_core.finetune_config import MAX_BATCH_SIZE
 from albert_core.interop import save_hf_checkpoint
 from albert_core.model import AlbertForPreTraining
 from albert_core.shards import write_random_shards
@@ -447,3 +448,13 @@ def test_training_a_tokenizer_holds_its_sample_of_the_corpus_not_the_corpus(tmp_
         tracemalloc.stop()
     assert Tokenizer.load(tmp_path).vocab_size == 300
     assert peak < 4 << 20, f"peak {peak / 2**20:.1f} MiB"  # before: 12 MiB, every line kept (here 1.5)
+
+
+def test_a_fine_tuning_batch_size_of_a_billion_is_refused_in_one_line(tmp_path, tiny_checkpoint):
+    train = labelled_csv(tmp_path / "train.csv", ["a", "b"] * 10)
+    argv = ["finetune", "--task", "custom", "--train", str(train), "--checkpoint", str(tiny_checkpoint)]
+    done = albert_cli(*argv, "--output", str(tmp_path / "out"), "--batch-size", "1000000000", "--max-steps", "1")
+    assert done.returncode == 2, done.stderr[-2000:]  # before: a permutation of a billion indices, then a batch
+    assert done.stderr.splitlines()[-1] == (
+        f"albert: error: TaskHyperparams.batch_size: 1000000000 is above the limit of {MAX_BATCH_SIZE}"
+    )
