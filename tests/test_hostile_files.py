@@ -458,3 +458,21 @@ def test_a_fine_tuning_batch_size_of_a_billion_is_refused_in_one_line(tmp_path, 
     assert done.stderr.splitlines()[-1] == (
         f"albert: error: TaskHyperparams.batch_size: 1000000000 is above the limit of {MAX_BATCH_SIZE}"
     )
+
+
+@pytest.mark.parametrize("config", [None, {"model_max_length": 1000000000000000019884624838656}, {"x": 1}])
+def test_preprocess_max_seq_length_is_bounded_without_a_tokenizer_config_that_says_so(
+    tmp_path, monkeypatch, capsys, config
+):
+    """No tokenizer_config.json beside the model, one with transformers' "no limit" (int(1e30)), or one without
+    model_max_length: 512 positions, ALBERT's, before Ray starts."""
+    texts = (REPO / "tests" / "fixtures" / "tokenizer_corpus.txt").read_text().splitlines()
+    model = train_tokenizer(texts, tmp_path / "tok", TokenizerTrainConfig(vocab_size=300))
+    stored = tmp_path / "tok" / "tokenizer_config.json"
+    stored.unlink() if config is None else stored.write_text(json.dumps(config))
+    (tmp_path / "corpus.txt").write_text(" ".join(texts))
+    monkeypatch.setitem(sys.modules, "ray", None)  # a command that reaches Ray fails loudly
+    argv = ["preprocess", "--input", str(tmp_path / "corpus.txt"), "--tokenizer", str(model)]
+    assert cli_main([*argv, "--output", str(tmp_path / "out"), "--max-seq-length", "100000"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("albert: error: max_seq_length 100000: above 512 positions, ")

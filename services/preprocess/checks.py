@@ -51,9 +51,14 @@ def missing_input(root: str, paths: list[str]) -> str | None:
     return "the pattern matches no file" if any(c in stripped for c in "*?[") else "no such file or directory"
 
 
+DEFAULT_MAX_POSITIONS = 512  # ALBERT's position embeddings: the limit when the tokenizer's config names none
+MAX_POSITIONS = 1 << 16  # a model_max_length above this is "no limit" (transformers writes int(1e30))
+
+
 def check_tokenizer(config: PreprocessConfig) -> Tokenizer:
     """The tokenizer, loaded (FileNotFoundError / ValueError naming the file), with max_seq_length at most the
-    model_max_length its tokenizer_config.json records (512 for ours: ALBERT's position embeddings)."""
+    model_max_length its tokenizer_config.json records (512 for ours: ALBERT's position embeddings), or 512 when
+    there is no such file or it names no usable limit."""
     from albert_core.tokenization import CONFIG_FILE, Tokenizer
 
     try:
@@ -67,10 +72,16 @@ def check_tokenizer(config: PreprocessConfig) -> Tokenizer:
         limit = json.loads(stored.read_text(encoding="utf-8")).get("model_max_length")
     except (OSError, ValueError, AttributeError):
         limit = None
-    if isinstance(limit, int) and config.max_seq_length > limit:
+    if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit <= MAX_POSITIONS:
+        if config.max_seq_length > limit:
+            raise ValueError(
+                f"max_seq_length {config.max_seq_length}: above the tokenizer's model_max_length {limit} ({stored}); "
+                f"the models take at most {limit} positions, so use --max-seq-length {limit} or less"
+            )
+    elif config.max_seq_length > DEFAULT_MAX_POSITIONS:
         raise ValueError(
-            f"max_seq_length {config.max_seq_length}: above the tokenizer's model_max_length {limit} ({stored}); "
-            f"the models take at most {limit} positions, so use --max-seq-length {limit} or less"
+            f"max_seq_length {config.max_seq_length}: above {DEFAULT_MAX_POSITIONS} positions, ALBERT's, and "
+            f"{stored} names no model_max_length to allow more; use --max-seq-length {DEFAULT_MAX_POSITIONS} or less"
         )
     return tokenizer
 
