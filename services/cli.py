@@ -19,6 +19,7 @@ from services.finetune import cli as finetune_cli
 from services.jobs import cli as jobs_cli
 from services.preprocess import cli as preprocess_cli
 from services.run import cli as run_cli
+from services.terminal import printable
 from services.train import cli as train_cli
 
 DESCRIPTION = "Preprocess text corpora, pretrain, fine-tune and evaluate ALBERT, locally or on a Ray cluster."
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush at exit must not fail again
         return 141
     except (ValueError, FileNotFoundError) as err:  # ConfigError, CorpusError, CheckpointError... are ValueErrors
-        print(f"albert: error: {err}", file=sys.stderr)
+        print(f"albert: error: {printable(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # commands that handle Ctrl-C themselves say more before they get here
         print("albert: interrupted (Ctrl-C)", file=sys.stderr)

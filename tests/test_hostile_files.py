@@ -39,8 +39,10 @@ from albert_core.shards import write_random_shards
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services import cluster
 from services.cli import main as cli_main
+from services.preprocess.cli import skip_lines
 from services.run.config import RunConfig
 from services.run.ledger import RunLedger
+from services.run.report import LiveView
 from services.train.plan import read_shard_set
 from tests.test_finetuning import tiny
 
@@ -361,8 +363,8 @@ def test_a_shard_manifest_naming_a_file_outside_the_shard_set_is_refused(tmp_pat
 
 
 def labelled_csv(path: Path, labels: list[str]) -> Path:
-    lines = ["text,label", *(f"row number {i},{label}" for i, label in enumerate(labels))]
-    path.write_text("\n".join(lines) + "\n")
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["text", "label"], *([f"row number {i}", label] for i, label in enumerate(labels))])
     return path
 
 
@@ -476,3 +478,37 @@ def test_preprocess_max_seq_length_is_bounded_without_a_tokenizer_config_that_sa
     assert cli_main([*argv, "--output", str(tmp_path / "out"), "--max-seq-length", "100000"]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("albert: error: max_seq_length 100000: above 512 positions, ")
+
+
+ESCAPE = "\x1b]0;owned\x07\x1b[2J\r"  # sets the terminal's title, clears the screen, returns the cursor
+
+
+def test_labels_with_terminal_escapes_reach_the_console_as_visible_escapes(tmp_path, capsys):
+    train = labelled_csv(tmp_path / "train.csv", [ESCAPE + "red", "blue"] * 10)
+    dev = labelled_csv(tmp_path / "dev.csv", ["blue", ESCAPE + "green"])
+    argv = ["finetune", "--task", "custom", "--train", str(train), "--checkpoint", str(tmp_path / "none")]
+    assert cli_main([*argv, "--output", str(tmp_path / "out")]) == 2  # the checkpoint is missing
+    assert cli_main([*argv, "--dev", str(dev), "--output", str(tmp_path / "out")]) == 2  # green is unknown
+    printed = capsys.readouterr()
+    assert not any(c in printed.out + printed.err for c in "\x1b\x07\r")
+    assert "2 classes (\\x1b]0;owned\\x07\\x1b[2J\\rred, blue)" in printed.out  # what train's labels are
+    assert "label '\\x1b]0;owned\\x07\\x1b[2J\\rgreen' is not one of" in printed.err
+
+
+def test_event_messages_are_shown_without_rich_markup_or_escapes(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    event = {"step": 5, "time": 0, "kind": "event", "event": "plateau", "message": "[bold red]x[/] " + ESCAPE}
+    (run_dir / "metrics.jsonl").write_text(json.dumps({**event, "remedy": "[link=http://a.example]fix[/link]"}) + "\n")
+    with LiveView(run_dir, total_steps=10, progress=False, tensorboard=False):
+        time.sleep(1.5)  # it polls the log every 0.5 s
+    out = capsys.readouterr().out
+    assert "plateau @ step 5: [bold red]x[/] \\x1b]0;owned\\x07\\x1b[2J\\r" in out
+    assert "remedy: [link=http://a.example]fix[/link]" in out and "\x1b" not in out
+
+
+def test_preprocess_console_lines_show_escapes_in_skipped_records_visibly():
+    files = {"corpus.jsonl": {"skipped": {"missing_field": 1}, "skip_examples": [{"location": "line 1",
+             "detail": f"no 'text' field (fields: {ESCAPE}title)"}]}}  # fmt: skip
+    lines = skip_lines({"files": files, "documents": {"skipped": 1}}, "progress/")
+    assert "(first: line 1: no 'text' field (fields: \\x1b]0;owned\\x07\\x1b[2J\\rtitle))" in lines[1]

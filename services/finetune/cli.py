@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.finetune.run import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
+from services.terminal import printable
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -76,7 +77,7 @@ def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Pa
         fields["split_seed"] = args.split_seed
     custom = CustomDataConfig(**fields)
     splits = load_custom_splits(custom)
-    print(splits.describe())
+    print(printable(splits.describe()))
     output.mkdir(parents=True, exist_ok=True)
     (output / "split.json").write_text(json.dumps(splits.record(), indent=2) + "\n")
     overrides["custom"] = custom

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from albert_core.corpus import ON_ERROR
 from services.preprocess.checks import NoExamplesError, check_arguments
 from services.preprocess.config import DEFAULTS, SHAPE_FLAGS, PreprocessConfig
+from services.terminal import printable
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -106,7 +107,8 @@ def skip_lines(manifest: dict[str, Any], listed_in: str, shown: int = SHOWN_SKIP
         counts = ", ".join(f"{reason} {n}" for reason, n in sorted(stats["skipped"].items()))
         first = stats["skip_examples"][0] if stats["skip_examples"] else None
         detail = first["detail"] if first is None or len(first["detail"]) <= 80 else first["detail"][:77] + "..."
-        lines.append(f"  {path}: {counts}" + (f" (first: {first['location']}: {detail})" if first else ""))
+        line = f"  {path}: {counts}" + (f" (first: {first['location']}: {detail})" if first else "")
+        lines.append(printable(line))  # file names and details quote the corpus
     if len(files) > shown:
         lines.append(f"  and {len(files) - shown} more; see {listed_in}")
     return lines

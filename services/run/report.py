@@ -13,6 +13,7 @@ from typing import Any
 from services.run import schedules
 from services.run.ledger import markdown_cell
 from services.run.log import METRICS_FILE, follow, last_per_step, read_metrics
+from services.terminal import printable
 
 __all__ = ["LiveView", "write_report"]
 
@@ -66,14 +67,19 @@ class LiveView:
                     seen_step = step
                     progress.update(task, completed=step, status=_status_line(record))
                 elif record.get("kind") == "eval":
-                    progress.console.print(f"eval @ step {step}: {_fmt(record, EVAL_KEYS)}")
+                    _say(progress, f"eval @ step {step}: {_fmt(record, EVAL_KEYS)}")
                 elif record.get("kind") == "event" and record.get("event") in HEALTH_EVENTS:
-                    progress.console.print(f"{record['event']} @ step {step}: {record.get('message')}")
-                    progress.console.print(f"  remedy: {record.get('remedy')}")
+                    _say(progress, f"{record['event']} @ step {step}: {record.get('message')}")
+                    _say(progress, f"  remedy: {record.get('remedy')}")
                 elif record.get("kind") == "event":
-                    progress.console.print(f"event @ step {step}: {record.get('event')}")
+                    _say(progress, f"event @ step {step}: {record.get('event')}")
         if writer is not None:
             writer.close()
+
+
+def _say(progress, line: str) -> None:
+    """A line above the progress bar, as text: rich markup off, terminal escapes shown (services.terminal)."""
+    progress.console.print(printable(line), markup=False, highlight=False)
 
 
 EVAL_KEYS = ("mlm_acc", "sop_acc", "nsp_acc", "mlm_loss", "unigram_acc", "mlm_margin")
