@@ -512,3 +512,20 @@ def test_preprocess_console_lines_show_escapes_in_skipped_records_visibly():
              "detail": f"no 'text' field (fields: {ESCAPE}title)"}]}}  # fmt: skip
     lines = skip_lines({"files": files, "documents": {"skipped": 1}}, "progress/")
     assert "(first: line 1: no 'text' field (fields: \\x1b]0;owned\\x07\\x1b[2J\\rtitle))" in lines[1]
+
+
+# --- what was already safe stays so ------------------------------------------------------------------------------
+
+
+def mediawiki_with_dtd(dtd: str, text: str) -> str:
+    page = f"<page><title>T</title><ns>0</ns><id>1</id><revision><text>{text}</text></revision></page>"
+    return f'<?xml version="1.0"?>\n<!DOCTYPE mediawiki [{dtd}]>\n<mediawiki>{page}</mediawiki>'
+
+
+def test_xml_entity_expansion_and_external_entities_are_refused_as_malformed_xml(tmp_path):
+    laughs = '<!ENTITY lol0 "lol">' + "".join(f'<!ENTITY lol{i} "{f"&lol{i - 1};" * 10}">' for i in range(1, 10))
+    (tmp_path / "laughs.xml").write_text(mediawiki_with_dtd(laughs, "&lol9;"))  # a billion "lol"s
+    (tmp_path / "external.xml").write_text(mediawiki_with_dtd('<!ENTITY x SYSTEM "file:///etc/passwd">', "&x; text"))
+    for name, why in (("laughs.xml", "amplification"), ("external.xml", "undefined entity &x;")):
+        (record,) = read_documents(str(tmp_path / name))
+        assert record.reason == "malformed_xml" and why in record.detail
