@@ -23,7 +23,9 @@ the version each of its epochs trains on (`DataStream`): one that follows its sh
 each epoch boundary, and a resume replays the recorded versions. Mixture weights (relative sampling ratios per
 part) make an epoch draw about `total blocks x ratio` blocks from each part, without replacement up to the part's
 size and in whole extra copies beyond it, seeded by (seed, epoch, part); the drawn blocks are then shuffled as
-above. Without weights an epoch is every example once, exactly as a set of one part.
+above. The rounding to whole blocks is carried from epoch to epoch (through epoch e a part has drawn its share of
+e + 1 epochs, rounded once), so a part owed a fraction of a block is still drawn, in some epochs. Without weights an
+epoch is every example once, exactly as a set of one part.
 """
 
 from __future__ import annotations
@@ -100,12 +102,37 @@ class ExampleOrder:
         part_of_file = np.repeat(np.arange(len(self.part_files) or 1), self.part_files or [len(self.rows_per_file)])
         return part_of_file[file_of_block]
 
+    @functools.cached_property
+    def shares(self) -> np.ndarray:
+        """Blocks each part is owed per epoch: all blocks x its ratio (weight / sum of the weights)."""
+        if self.weights is None:
+            raise ValueError("ExampleOrder: shares are those of a weighted order")
+        return len(self._blocks) * np.asarray(self.weights, dtype=np.float64) / sum(self.weights)
+
+    def blocks_through(self, epochs: int) -> np.ndarray:
+        """Blocks drawn from each part in the first `epochs` epochs of a weighted order: its share over those
+        epochs rounded once, so the rounding of one epoch is carried into the next and over any number of epochs
+        every part gets its share within half a block (a part owed 0.4 blocks an epoch is drawn in 2 of 5)."""
+        return np.floor(self.shares * epochs + 0.5).astype(np.int64)
+
+    def rows_drawn(self, examples: int) -> int:
+        """At most how many distinct rows the stream's first `examples` positions train: every row without weights;
+        with weights, each part's rows up to those of the blocks it draws in the epochs the positions span, so a part
+        whose share rounds to no block in them counts none."""
+        if self.weights is None:
+            return self.num_examples
+        parts = len(self.part_files) or 1
+        blocks = np.bincount(self._part_of_block, minlength=parts)
+        rows = np.bincount(self._part_of_block, weights=self._blocks[:, 1] - self._blocks[:, 0], minlength=parts)
+        per_block = np.divide(rows, blocks, out=np.zeros(parts), where=blocks > 0)
+        epochs = math.ceil(examples / max(float(self.shares @ per_block), 1.0))
+        return int(np.minimum(rows, self.blocks_through(epochs) * per_block).sum())
+
     def _weighted_draw(self, epoch: int) -> np.ndarray:
-        ratios = np.asarray(self.weights, dtype=np.float64) / sum(self.weights)
+        wanted_per_part = self.blocks_through(epoch + 1) - self.blocks_through(epoch)
         drawn = []
-        for part, ratio in enumerate(ratios):
+        for part, wanted in enumerate(wanted_per_part.tolist()):
             mine = np.flatnonzero(self._part_of_block == part)
-            wanted = int(round(len(self._blocks) * ratio))
             copies, rest = divmod(wanted, len(mine)) if len(mine) else (0, 0)
             rng = np.random.default_rng([self.seed, epoch, 2, part])
             drawn += [mine] * copies + [rng.choice(mine, size=rest, replace=False)]

@@ -190,3 +190,37 @@ def test_a_part_is_subsampled_without_replacement_below_its_size(shards):
     got = whole_epoch(order, 0)
     first = got[got < rows[0]]
     assert len(first) == len(set(first.tolist())) and 0 < len(first) < rows[0]  # a quarter of the blocks, once each
+
+
+# mixture weights over many epochs: the rounding of each part's share is carried from one epoch to the next
+
+BLOCK = 128
+
+
+def part_blocks_per_epoch(order: ExampleOrder, rows: range, epochs: int) -> list[float]:
+    """Blocks of the part of these global rows drawn in each of the first `epochs` epochs."""
+    return [np.sum(np.isin(whole_epoch(order, e), rows)) / BLOCK for e in range(epochs)]
+
+
+def test_a_part_worth_under_half_a_block_per_epoch_is_still_trained_within_a_few_epochs():
+    # 99 + 1 blocks, weights (1.0, 0.004): part 1's share is 0.4 of a block per epoch
+    order = ExampleOrder((99 * BLOCK, BLOCK), 3, part_files=(1, 1), weights=(1.0, 0.004))
+    drawn = part_blocks_per_epoch(order, range(99 * BLOCK, 100 * BLOCK), 5)
+    assert sum(drawn[:3]) >= 1  # rounded the same way every epoch, it was never drawn
+    share = 100 * 0.004 / 1.004
+    assert all(abs(sum(drawn[: e + 1]) - (e + 1) * share) <= 1 for e in range(5))
+
+
+def test_a_share_of_1_41_blocks_per_epoch_is_drawn_1_or_2_times_and_14_times_in_10_epochs():
+    # part 1 is one block; weights put 1.41 blocks of 100 per epoch on it (whole extra copies)
+    order = ExampleOrder((99 * BLOCK, BLOCK), 3, part_files=(1, 1), weights=(98.59, 1.41))
+    drawn = part_blocks_per_epoch(order, range(99 * BLOCK, 100 * BLOCK), 10)
+    assert set(drawn) == {1, 2} and sum(drawn) == 14  # rounded each epoch alone: 1 every time, 10
+    first = part_blocks_per_epoch(order, range(99 * BLOCK), 10)
+    assert all(abs(sum(first[: e + 1]) - (e + 1) * 98.59) <= 1 for e in range(10))
+
+
+def test_the_carried_draw_is_reproducible_for_any_epoch_alone():
+    order = ExampleOrder((99 * BLOCK, BLOCK), 3, part_files=(1, 1), weights=(1.0, 0.004))
+    again = ExampleOrder((99 * BLOCK, BLOCK), 3, part_files=(1, 1), weights=(1.0, 0.004))
+    assert whole_epoch(again, 4).tolist() == whole_epoch(order, 4).tolist()  # no epoch before it was computed

@@ -504,6 +504,30 @@ def test_a_bad_mixture_is_refused_naming_the_field(tmp_path, mixture, follow, me
         plan_data(shards, config)
 
 
+def write_parts(root, part_rows: dict[str, int]):
+    """A shard set of one file per part (manifest.json lists the parts, as `albert preprocess --append-to` does)."""
+    write_shards(root, tuple(part_rows.values()))
+    parts = [
+        {"name": name, "shards": [{"name": f"train/shard-{i:05d}.parquet", "rows": rows}]}
+        for i, (name, rows) in enumerate(part_rows.items())
+    ]
+    (root / "manifest.json").write_text(json.dumps({"vocab_size": VOCAB, "parts": parts}))
+    return root
+
+
+def test_plan_data_counts_only_the_rows_the_mixture_draws_in_the_run(tmp_path):
+    # news is 16 blocks of 128 rows but owed 0.017 blocks an epoch: the run's 128 examples (under one epoch of the
+    # 10-row part-0 drawn 17 times) never reach it, so the run trains 10 distinct rows, fewer than a global batch
+    shards = write_parts(tmp_path / "s", {"part-0": 10, "news": 2000})
+    config = run_config(tmp_path, shards, "m")
+    config.data.mixture = {"part-0": 1.0, "news": 0.001}
+    config.validate()
+    with pytest.raises(ConfigError, match=r"holds only 10 .*\(counting only the rows data.mixture draws"):
+        plan_data(shards, config)
+    config.data.mixture = {"part-0": 1.0, "news": 1.0}
+    assert plan_data(shards, config).version == 2
+
+
 def test_a_following_run_may_weigh_a_part_still_to_come(tmp_path):
     shards = write_shards(tmp_path / "s", (40,))
     config = run_config(tmp_path, shards, "m")

@@ -141,15 +141,17 @@ def _shard_rows(path: str) -> int:
 
 
 def plan_data(shards_dir: Path, config: RunConfig) -> ShardSet:
-    """The shard set's files and row counts, checked to hold at least one global batch (of the parts data.mixture
-    trains on)."""
+    """The shard set's files and row counts, checked to hold at least one global batch (of the rows data.mixture
+    draws in the run's optim.total_steps: a part whose share rounds to no block in them counts none)."""
     shards = read_shard_set(shards_dir)
     _check_mixture(shards, config)
-    weights = mixture_weights(shards.part_names, config.data.mixture) if config.data.mixture else None
-    total = sum(rows for rows, part in zip(shards.rows_per_file, _part_of_file(shards), strict=True)
-                if weights is None or weights[part] > 0)  # fmt: skip
+    order = shards.order(shards.version, config.run.seed, config.data.mixture)
+    total = order.rows_drawn(config.optim.total_steps * config.train.global_batch_size)
     if total < config.train.global_batch_size:
-        raise ConfigError(_too_few_examples(shards_dir, len(shards.files), total, config.train))
+        refusal = _too_few_examples(shards_dir, len(shards.files), total, config.train)
+        if config.data.mixture:
+            refusal += " (counting only the rows data.mixture draws in the run's optim.total_steps)"
+        raise ConfigError(refusal)
     try:
         manifest = ShardsManifest.read(shards_dir)
     except ManifestError:
@@ -157,10 +159,6 @@ def plan_data(shards_dir: Path, config: RunConfig) -> ShardSet:
     _check_sequence_length(manifest, config)
     _check_sop_order(manifest, config)
     return shards
-
-
-def _part_of_file(shards: ShardSet) -> list[int]:
-    return [part for part, n in enumerate(shards.part_files) for _ in range(n)]
 
 
 def _check_mixture(shards: ShardSet, config: RunConfig) -> None:
