@@ -19,13 +19,14 @@ continues at its saved data position, whatever its worker count.
 
 A shard set grows by parts (`albert preprocess --append-to`); its version is its number of parts, and the files of
 version v are the first files of version v + 1, so a global row keeps its number as the set grows. A run records
-the version each of its epochs trains on (`DataStream`): one that follows its shard set takes the newest version at
-each epoch boundary, and a resume replays the recorded versions. Mixture weights (relative sampling ratios per
-part) make an epoch draw about `total blocks x ratio` blocks from each part, without replacement up to the part's
-size and in whole extra copies beyond it, seeded by (seed, epoch, part); the drawn blocks are then shuffled as
-above. The rounding to whole blocks is carried from epoch to epoch (through epoch e a part has drawn its share of
-e + 1 epochs, rounded once), so a part owed a fraction of a block is still drawn, in some epochs. Without weights an
-epoch is every example once, exactly as a set of one part.
+what each of its epochs trains on (`DataStream`'s keys: the version, and the mixture below): one that follows its
+shard set takes the newest version at each epoch boundary, and a resume replays the recorded epochs.
+
+Mixture weights (relative sampling ratios per part) make an epoch draw about `total blocks x ratio` blocks from each
+part, without replacement up to the part's size and in whole extra copies beyond it, seeded by (seed, epoch, part);
+the drawn blocks are then shuffled as above. The rounding to whole blocks is carried from epoch to epoch (through
+epoch e a part has drawn its share of e + 1 epochs, rounded once), so a part owed a fraction of a block is still
+drawn, in some epochs. Without weights an epoch is every example once, exactly as a set of one part.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -195,34 +197,35 @@ class ExampleOrder:
 
 
 class DataStream:
-    """A run's stream of examples over a shard set that may grow: epoch e trains on version `versions[e]`'s order
-    (`order_of(version)`), and positions continue from one epoch into the next. `open_ended`: epochs past the
-    recorded ones keep the last version (a run that does not follow its shard set); otherwise the stream ends
-    with the recorded epochs, and the run decides the next epoch's version when it gets there."""
+    """A run's stream of examples over a shard set that may grow: epoch e trains in the order `order_of(keys[e])`,
+    and positions continue from one epoch into the next. A key names what an epoch trains on: a version of the
+    shard set (services.train.follow adds the mixture in force). `open_ended`: epochs past the given ones train the
+    last key (a run that does not follow its shard set); otherwise the stream ends with the given epochs, and the
+    run decides the next epoch's key when it gets there."""
 
-    def __init__(self, order_of: Callable[[int], ExampleOrder], versions: Sequence[int], *, open_ended: bool):
-        if not versions:
-            raise ValueError("DataStream: expected the version of at least one epoch")
-        self.order_of, self.versions, self.open_ended = order_of, list(versions), open_ended
+    def __init__(self, order_of: Callable[[Any], ExampleOrder], keys: Sequence[Hashable], *, open_ended: bool):
+        if not keys:
+            raise ValueError("DataStream: expected the key of at least one epoch")
+        self.order_of, self.keys, self.open_ended = order_of, list(keys), open_ended
         self._starts = [0]  # the first position of each epoch whose size is known so far
 
-    def version(self, epoch: int) -> int:
-        return self.versions[min(epoch, len(self.versions) - 1)]
+    def key(self, epoch: int) -> Hashable:
+        return self.keys[min(epoch, len(self.keys) - 1)]
 
     def _start(self, epoch: int) -> int:
         while len(self._starts) <= epoch:
             e = len(self._starts) - 1
-            self._starts.append(self._starts[-1] + self.order_of(self.version(e)).epoch_size(e))
+            self._starts.append(self._starts[-1] + self.order_of(self.key(e)).epoch_size(e))
         return self._starts[epoch]
 
     @property
     def end(self) -> float:
-        """The first position whose epoch's version is not decided yet (inf for an open-ended stream)."""
-        return math.inf if self.open_ended else self._start(len(self.versions))
+        """The first position whose epoch is not decided yet (inf for an open-ended stream)."""
+        return math.inf if self.open_ended else self._start(len(self.keys))
 
     def epoch_of(self, position: int) -> int:
         """The epoch holding stream position `position` (an undecided epoch past the end counts as the next one)."""
-        last = math.inf if self.open_ended else len(self.versions)  # the latest epoch a position can be in
+        last = math.inf if self.open_ended else len(self.keys)  # the latest epoch a position can be in
         while self._starts[-1] <= position and len(self._starts) - 1 < last:
             self._start(len(self._starts))  # the start of one more epoch
         return min(bisect.bisect_right(self._starts, position) - 1, last)
@@ -237,7 +240,7 @@ class DataStream:
         epochs = np.searchsorted(self._starts[: last + 1], positions, side="right") - 1
         for epoch in np.unique(epochs):
             here = epochs == epoch
-            order = self.order_of(self.version(int(epoch)))
+            order = self.order_of(self.key(int(epoch)))
             rows[here] = order.rows_in_epoch(int(epoch), positions[here] - self._start(int(epoch)))
         return rows, epochs
 

@@ -50,10 +50,12 @@ class DataSection:
     continue_from_init: bool = False
     # Follow the shard set as it grows (`albert preprocess --append-to`): each epoch trains on the newest version
     # there is when it starts. false: the run keeps the version it started with. Either way every checkpoint
-    # records the version of each epoch, so a resume replays the same data.
+    # records the version and mixture of each epoch trained, so a resume replays the same data; turned on (or off)
+    # at a resume, it applies from the next epoch boundary.
     follow: bool = False
     # Relative sampling ratio of each part of the shard set, by part name ("*": every part not named; a part with
-    # no weight is not trained on). Empty: every example once per epoch. Seeded by (run.seed, epoch, part).
+    # no weight is not trained on). Empty: every example once per epoch. Seeded by (run.seed, epoch, part); changed
+    # at a resume, it applies from the next epoch boundary.
     mixture: dict[str, float] = field(default_factory=dict)
     # SOP's segment order. "stored": as the shards hold it (drawn once at preprocess, so a run of many epochs can
     # memorize which pairs are swapped). "epoch": drawn anew for every example in every epoch, seeded by (run.seed,

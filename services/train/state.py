@@ -59,9 +59,13 @@ class TrainerState:
     step: int = 0  # optimizer updates done
     epoch: int = 0  # the pass over the data the next example belongs to (examples_seen // examples per epoch)
     examples_seen: int = 0  # the data position: examples of the run's stream trained so far (albert_core.data_order)
-    # The shard set's version (its number of parts) each epoch trains on, epoch by epoch so far; empty in a
-    # checkpoint written before shard sets had parts (they had one). A resume replays them (services.train.follow).
+    # What each epoch trains on, for every epoch that holds a trained example (and, in a run that follows its shard
+    # set, the next one once decided): the shard set's version (its number of parts) and the data.mixture in force.
+    # A resume replays them whatever the config says now (services.train.follow). epoch_versions is empty in a
+    # checkpoint written before shard sets had parts (they had one); epoch_mixtures in one written before mixtures
+    # were recorded (the run's configured mixture is taken).
     epoch_versions: list[int] = field(default_factory=list)
+    epoch_mixtures: list[dict[str, float]] = field(default_factory=list)
     dropout: float = 0.0  # dropout probability applied to the model now
     config_hash: str = ""  # sha256 of the run config the checkpoint was written under
     world_size: int = 1

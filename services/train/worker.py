@@ -41,7 +41,14 @@ from services.run.checkpoints import checkpoint_dir
 from services.run.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
 from services.train.data import Prefetch, ShardRows, host_steps
-from services.train.follow import data_stream, newest_version
+from services.train.follow import (
+    EpochData,
+    data_stream,
+    newest_version,
+    record_epoch,
+    record_trained_epochs,
+    recorded_epochs,
+)
 from services.train.plan import ShardSet, WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
 from services.train.state import TrainerState
@@ -196,25 +203,38 @@ def _from_rank0(values: list[Any], worker: Worker) -> list[Any]:
 
 
 def start_versions(worker: Worker, state: TrainerState) -> None:
-    """The shard set's version of each epoch so far: the checkpoint's (one written before parts existed: version
-    1), or, for a new run, the newest version for every epoch up to its data position."""
-    shards = worker.shards
+    """What each epoch so far trains on: the checkpoint's record, or, for a new run, the newest version (and the
+    configured mixture) for epoch 0; epochs up to the data position that a checkpoint did not record (one written
+    before every epoch was, by a run that did not follow) trained its last recorded version."""
+    shards, run = worker.shards, worker.plan.run
     if not state.epoch_versions:
-        version = 1 if state.step > 0 else shards.version  # from a checkpoint written before parts: one part
-        epoch = data_stream(shards, worker.plan.run, [version], open_ended=True).epoch_of(state.examples_seen)
-        state.epoch_versions = [version] * (epoch + 1)
+        state.epoch_versions = [1 if state.step > 0 else shards.version]  # a checkpoint from before parts: one part
+    unrecorded = len(state.epoch_versions) - len(state.epoch_mixtures)
+    state.epoch_mixtures += [dict(run.data.mixture)] * unrecorded  # a checkpoint from before mixtures were recorded
     if max(state.epoch_versions) > shards.version:
         raise RuntimeError(
             f"data.shards: {shards.directory} has {shards.version} parts, but the checkpoint trained on version "
             f"{max(state.epoch_versions)}; its appended parts are gone"
         )
-    worker.stream = data_stream(shards, worker.plan.run, state.epoch_versions)
+    epochs = recorded_epochs(state)
+    record_trained_epochs(state, data_stream(shards, run.run.seed, epochs, tail=epochs[-1]))
+    worker.stream = decided_stream(worker, state)
     state.epoch = worker.stream.epoch_of(state.examples_seen)
+
+
+def decided_stream(worker: Worker, state: TrainerState) -> DataStream:
+    """The run's stream: the recorded epochs, then, for a run that does not follow its shard set, its last recorded
+    version under the mixture it is configured with now (a run that follows decides each epoch at its boundary)."""
+    run = worker.plan.run
+    epochs = recorded_epochs(state)
+    tail = None if run.data.follow else EpochData.of(epochs[-1].version, run.data.mixture)
+    return data_stream(worker.shards, run.run.seed, epochs, tail=tail)
 
 
 def follow_shard_set(worker: Worker, state: TrainerState) -> None:
     """At an epoch boundary of a run with data.follow: rank 0 reads the shard set's newest version (new parts
-    verified), every worker takes it, and the next epoch trains on it (recorded in the state, so in checkpoints)."""
+    verified), every worker takes it, and the next epoch trains on it under the configured mixture (recorded in the
+    state, so in checkpoints)."""
     epoch, before = len(state.epoch_versions), state.epoch_versions[-1]
     newest = _from_rank0([newest_version(worker.shards, before) if worker.rank == 0 else None], worker)[0]
     if newest.version > before and worker.record is not None:
@@ -222,7 +242,7 @@ def follow_shard_set(worker: Worker, state: TrainerState) -> None:
         worker.record.event(state.step, "shards_version", epoch=epoch, version=newest.version, new_parts=new_parts)
         log.info("epoch %d trains on version %d of the shard set (new parts: %s)", epoch, newest.version, new_parts)
     worker.shards = newest
-    state.epoch_versions.append(newest.version)
+    record_epoch(state, EpochData.of(newest.version, worker.plan.run.data.mixture))
 
 
 @contextlib.contextmanager
@@ -231,10 +251,10 @@ def input_steps(worker: Worker, state: TrainerState) -> Iterator[Iterator]:
     background thread."""
     plan, run = worker.plan, worker.plan.run
     t = run.train
-    worker.stream = data_stream(worker.shards, run, state.epoch_versions)
+    worker.stream = decided_stream(worker, state)
     mask = functools.partial(_mask, seed=run.run.seed, plan=plan)
     source = host_steps(
-        ShardRows(worker.shards.files, worker.stream.order_of(worker.shards.version)),
+        ShardRows(worker.shards.files, worker.shards.order(worker.shards.version, run.run.seed)),
         position=state.examples_seen,
         steps=max(0, run.optim.total_steps - state.step),
         global_batch=t.global_batch_size,
@@ -272,6 +292,7 @@ def before_step(worker: Worker, model, state: TrainerState, step: int, rows) -> 
 def advance(worker: Worker, state: TrainerState, stats: StepStats) -> None:
     state.step += 1
     state.examples_seen += worker.plan.run.train.global_batch_size
+    record_trained_epochs(state, worker.stream)
     state.epoch = worker.stream.epoch_of(state.examples_seen)
     worker.window.append(stats.tokens)
 
