@@ -8,6 +8,9 @@ every matching checkpoint must end up evaluated exactly once.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import signal
 import threading
@@ -19,9 +22,10 @@ import ray
 
 from services import cluster
 from services.cli import main
-from services.eval.schedule import start_runner
+from services.eval.schedule import Scheduler, run_config_of, start_runner
 from services.run import log as run_log
 from services.run import schedules
+from services.run.checkpoints import FORMAT, VERSION
 from services.run.config import RunConfig
 from services.run.ledger import RunLedger
 from services.run.schedules import RESULT_KIND, ScheduleSpec
@@ -104,6 +108,93 @@ def test_retention_keeps_the_checkpoints_a_live_schedule_has_not_evaluated_yet(l
     schedules.update(ledger_run.run_dir, "every-2", lambda s: s.mark_done(2, "x"))
     ledger_run.checkpoint_saved(7, write_checkpoint(root / "step_00000007", 7))
     assert [c.step for c in ledger_run.state.checkpoints] == [4, 7]  # 2 was evaluated: freed
+
+
+# --- the run's config of record -----------------------------------------------------------------------------------
+
+
+def checkpoint_of_step(root: Path, step: int) -> str:
+    """A checkpoint whose trainer.json holds the training state's step (what run_finished reads)."""
+    path = Path(write_checkpoint(root / f"step_{step:08d}", step))
+    trainer = {"format": FORMAT, "version": VERSION, "step": step, "state": {"step": step}}
+    (path / "trainer.json").write_text(json.dumps(trainer))
+    return write_manifest_again(path)
+
+
+def write_manifest_again(path: Path) -> str:
+    files = {
+        f.name: {"sha256": hashlib.sha256(f.read_bytes()).hexdigest(), "size": f.stat().st_size}
+        for f in sorted(path.iterdir())
+        if f.name != "MANIFEST.json"
+    }
+    (path / "MANIFEST.json").write_text(json.dumps({"files": files}))
+    return str(path)
+
+
+def config_of_total(tmp_path: Path, total_steps: int) -> dict:
+    return RunConfig.from_dict(
+        {
+            "run": {"name": "r", "output_dir": str(tmp_path)},
+            "data": {"shards": str(tmp_path / "shards")},
+            "optim": {"total_steps": total_steps, "warmup_steps": 10},
+            "train": {"keep_last": 1},
+        }
+    ).to_dict()
+
+
+def complete_schedule(run_dir: Path, name: str, every: int) -> None:
+    """A schedule whose scheduler evaluated every matching checkpoint of a finished run, and so completed."""
+    schedules.create_or_attach(run_dir, ScheduleSpec(name, every, "/h"))
+    scheduler = Scheduler(run_dir, name)
+    scheduler.reconcile()
+    for step in scheduler.observe()[0].pending:
+        schedules.update(run_dir, name, lambda s, step=step: s.mark_done(step, "x"))
+    assert scheduler.observe()[0].complete
+
+
+def test_a_run_resumed_with_a_larger_total_steps_is_unfinished_for_its_schedules(tmp_path):
+    write_heldout(tmp_path / "shards")
+    config = functools.partial(config_of_total, tmp_path)
+    run_dir, root = tmp_path / "r", tmp_path / "r" / "checkpoints"
+    first = RunLedger(run_dir, "r", config(1000), evaluates=False)
+    first.checkpoint_saved(1000, checkpoint_of_step(root, 1000))  # the run finished
+    complete_schedule(run_dir, "every-1000", 1000)
+    ledger = RunLedger(run_dir, "r", config(5000), evaluates=False)  # resumed with --set optim.total_steps=5000
+    assert run_config_of(run_dir).optim.total_steps == 5000
+    (change,) = ledger.state.config_history
+    assert change.step == 1000 and change.changed == {"optim.total_steps": [1000, 5000]}
+    assert not ledger.state.finished
+    assert not schedules.load(run_dir, "every-1000").complete  # it holds the resumed run's checkpoints again
+
+    schedules.create_or_attach(run_dir, ScheduleSpec("every-500", 500, "/h"))
+    scheduler = Scheduler(run_dir, "every-500")
+    scheduler.reconcile()
+    state, due = scheduler.observe()
+    assert due == 1000 and not state.complete
+    schedules.update(run_dir, "every-500", lambda s: s.mark_done(1000, "x"))
+    state, due = scheduler.observe()
+    assert due is None and not state.complete  # the run trains on to 5000: its checkpoints are still to come
+    for step in (1500, 2000, 2100):
+        ledger.checkpoint_saved(step, checkpoint_of_step(root, step))
+    assert [c.step for c in ledger.state.checkpoints] == [1500, 2000, 2100]  # held for the schedules
+
+
+def test_a_live_scheduler_reads_the_config_a_resume_brought(tmp_path):
+    write_heldout(tmp_path / "shards")
+    run_dir, root = tmp_path / "r", tmp_path / "r" / "checkpoints"
+    first = RunLedger(run_dir, "r", config_of_total(tmp_path, 1000), evaluates=False)
+    first.checkpoint_saved(500, checkpoint_of_step(root, 500))  # stopped (Ctrl-C) at step 500 of 1000
+    schedules.create_or_attach(run_dir, ScheduleSpec("every-500", 500, "/h"))
+    scheduler = Scheduler(run_dir, "every-500")
+    scheduler.reconcile()
+    assert scheduler.observe()[1] == 500
+    schedules.update(run_dir, "every-500", lambda s: s.mark_done(500, "x"))
+    resumed = RunLedger(run_dir, "r", config_of_total(tmp_path, 5000), evaluates=False)  # total_steps raised
+    resumed.checkpoint_saved(1000, checkpoint_of_step(root, 1000))
+    state, due = scheduler.observe()
+    assert due == 1000 and not state.complete
+    schedules.update(run_dir, "every-500", lambda s: s.mark_done(1000, "x"))
+    assert not scheduler.observe()[0].complete  # step 1000 is not the run's end any more
 
 
 # --- a real run, its scheduler killed once ------------------------------------------------------------------------

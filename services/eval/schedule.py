@@ -51,7 +51,7 @@ def runner_name(run_dir: str | Path, name: str) -> str:
 
 
 def run_config_of(run_dir: str | Path) -> RunConfig:
-    """The run's config as its ledger recorded it (coordinator.json)."""
+    """The run's config of record (coordinator.json): the one its last start or resume used."""
     path = Path(run_dir) / STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"RUN: {run_dir} has no {STATE_FILE}; is it a run directory (runs/NAME)?")
@@ -169,6 +169,7 @@ class Scheduler:
         if self._seen is None or set(self._seen[0]) != set(on_disk):
             saved = saved_steps(self.run_dir)
             on_disk = checkpoints_on_disk(self.run_dir)
+            self.config = run_config_of(self.run_dir)  # a resume may have raised optim.total_steps since
             self._seen = (on_disk, saved, run_finished(on_disk[max(on_disk)] if on_disk else None, self.config))
         on_disk, saved, finished = self._seen
         gone = {step: why for step, why in saved.items() if step not in on_disk}

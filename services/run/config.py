@@ -6,6 +6,8 @@ Every field is checked before any Ray worker starts; errors name the field as `s
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -263,6 +265,26 @@ class RunConfig:
             section, _, key = dotted.partition(".")
             data.setdefault(section, {})[key] = value
         return cls.from_dict(data, source=str(path))
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """sha256 of a run config's dict form (RunConfig.to_dict, keys sorted): the hash a checkpoint records."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def config_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
+    """The fields two run configs' dict forms differ in: "section.field" -> [before, after] (a missing one: None)."""
+    changed: dict[str, list[Any]] = {}
+    for section in sorted(set(before) | set(after)):
+        old, new = before.get(section), after.get(section)
+        if not (isinstance(old, dict) and isinstance(new, dict)):
+            if old != new:
+                changed[section] = [old, new]
+            continue
+        for name in sorted(set(old) | set(new)):
+            if old.get(name) != new.get(name):
+                changed[f"{section}.{name}"] = [old.get(name), new.get(name)]
+    return changed
 
 
 def _check_train(t: TrainSection) -> None:

@@ -33,7 +33,7 @@ from albert_core.files import CorruptCheckpoint, atomic_write_bytes, read_state_
 from services.run import log as run_log
 from services.run import schedules
 from services.run.checkpoints import CHECKPOINTS_DIR, verify_checkpoint
-from services.run.config import RunConfig
+from services.run.config import RunConfig, config_changes, config_hash
 from services.run.health import plateau
 
 STATE_FILE = "coordinator.json"
@@ -93,10 +93,22 @@ class TrainLine:
 
 
 @dataclass
+class ConfigChange:
+    """A start of the run under another config than its config of record, which it replaced: the step of the newest
+    checkpoint (where the resume starts), the replaced config's hash (services.run.config.config_hash, as
+    checkpoints record it) and the fields that changed: "section.field" -> [before, after]."""
+
+    step: int
+    time: float
+    previous_hash: str
+    changed: dict[str, list[Any]]
+
+
+@dataclass
 class LedgerState:
     run_name: str
     run_dir: str
-    config: dict[str, Any]
+    config: dict[str, Any]  # the run's config of record: the one its last start (a resume) used
     dropout: DropoutState
     version: int = STATE_VERSION
     started: float = field(default_factory=time.time)
@@ -108,6 +120,7 @@ class LedgerState:
     last_eval_scheduled: int | None = None
     finished: bool = False  # the run's last checkpoint was saved
     plateau: bool = False  # a plateau event was reported and no evaluation has left it since
+    config_history: list[ConfigChange] = field(default_factory=list)  # each config replaced, oldest first
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1) + "\n"
@@ -117,8 +130,13 @@ class LedgerState:
         data = read_state_json(text, source, STATE_VERSION)
         last = data.pop("last_train")
         return cls(
-            **{k: v for k, v in data.items() if k not in ("dropout", "checkpoints", "refused", "evals")},
+            **{
+                k: v
+                for k, v in data.items()
+                if k not in ("dropout", "checkpoints", "refused", "evals", "config_history")
+            },
             last_train=TrainLine(**last) if last else None,
+            config_history=[ConfigChange(**c) for c in data.get("config_history", [])],
             dropout=DropoutState(**data["dropout"]),
             checkpoints=[CheckpointEntry(**c) for c in data["checkpoints"]],
             refused=[RefusedCheckpoint(**r) for r in data["refused"]],
@@ -166,7 +184,24 @@ class RunLedger:
                 ),
             )
         self._reconcile_metrics_log()
+        self._adopt_config(config_dict)
         self.save()
+
+    def _adopt_config(self, config_dict: dict[str, Any]) -> None:
+        """The run's config of record becomes the one this start uses (schedules and retention read it: a resume
+        with a larger optim.total_steps makes a finished run unfinished, and reopens the schedules that completed
+        with it); the one it replaces goes into the history."""
+        previous = self.state.config
+        changed = config_changes(previous, config_dict)
+        if not changed:
+            return
+        newest = self.state.checkpoints[-1].step if self.state.checkpoints else 0  # where the resume starts
+        change = ConfigChange(newest, time.time(), config_hash(previous), changed)
+        self.state.config_history.append(change)
+        self.state.config = config_dict
+        self.state.finished = self.state.finished and newest >= self.config.optim.total_steps
+        reopened = schedules.reopen_complete(self.run_dir) if not self.state.finished else []
+        self.event(newest, "config_changed", previous_hash=change.previous_hash, changed=changed, reopened=reopened)
 
     # --- the train loop's calls ---
 

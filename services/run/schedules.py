@@ -255,6 +255,18 @@ def summaries(run_dir: str | Path) -> list[dict[str, Any]]:
     return [{**state.summary(), "live": live(run_dir, state.spec.name)} for state in readable(run_dir)]
 
 
+def reopen_complete(run_dir: str | Path) -> list[str]:
+    """A run that finished trains on (a resume raised optim.total_steps): the schedules that completed with it are
+    active again, so retention keeps their new matching checkpoints; returns their names. Their scheduler ended:
+    running `albert eval schedule` again evaluates the checkpoints they hold."""
+    reopened = []
+    for state in readable(run_dir):
+        if state.complete and not state.cancelled:
+            update(run_dir, state.spec.name, lambda s: setattr(s, "complete", False))
+            reopened.append(state.spec.name)
+    return reopened
+
+
 def held_steps(run_dir: str | Path, steps: Iterable[int]) -> set[int]:
     """The checkpoint steps retention must keep: those an active schedule of the run still has to evaluate."""
     steps = list(steps)

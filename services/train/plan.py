@@ -3,8 +3,6 @@ frozen `WorkerPlan` every worker receives."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -21,6 +19,7 @@ from albert_core.tokenization import SPECIAL_PIECES, TokenIds, Tokenizer
 from albert_core.unigram import UnigramBaseline, load_or_count
 from services.run.checkpoints import CHECKPOINTS_DIR, read_trainer_json
 from services.run.config import RunConfig, TrainSection
+from services.run.config import config_hash as config_hash_of
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +229,7 @@ def unigram_for(shards_dir: Path, config: RunConfig) -> UnigramBaseline | None:
 
 
 def config_hash(config: RunConfig) -> str:
-    return hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode()).hexdigest()
+    return config_hash_of(config.to_dict())
 
 
 def init_data_position(init_from: Path) -> int:
