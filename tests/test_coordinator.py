@@ -408,6 +408,23 @@ def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed
     assert [c.step for c in RunLedger(run_dir, "r", config.to_dict()).state.checkpoints] == [100, 200]  # once
 
 
+def test_a_final_checkpoint_indexed_again_on_reopen_keeps_its_final_evaluation(tmp_path):
+    """The budget (or a stop) ends a run off the eval schedule; its coordinator is killed between the final
+    checkpoint's checkpoint_saved line and the state write: the reopened ledger still evaluates it off the schedule
+    and knows the run finished (no stalled event)."""
+    config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "eval": {"every_steps": 100}})
+    run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
+    ledger = RunLedger(run_dir, "r", config.to_dict())
+    ledger.checkpoint_saved(100, write_checkpoint(checkpoints / "step_100", 100))
+    before = (run_dir / "coordinator.json").read_bytes()
+    ledger.checkpoint_saved(130, write_checkpoint(checkpoints / "step_130", 130), final=True)
+    (run_dir / "coordinator.json").write_bytes(before)  # the state write the kill prevented
+    reopened = RunLedger(run_dir, "r", config.to_dict())
+    assert [c.step for c in reopened.state.checkpoints] == [100, 130]
+    assert [e.step for e in reopened.pending_evals()] == [100, 130]
+    assert reopened.state.finished
+
+
 def test_read_status_reads_the_run_without_its_coordinator(make_run):
     run = make_run()
     run.call("report", 40, {"loss": 3.0})

@@ -241,7 +241,8 @@ class RunLedger:
             self.event(step, "checkpoint_replaced", path=path, previous_path=known.path)
         self.state.checkpoints.append(CheckpointEntry(step, path, plain(metrics or {}), time.time()))
         self.state.checkpoints.sort(key=lambda c: c.step)
-        self.event(step, "checkpoint_saved", path=path)
+        final_mark = {"final": True} if final else {}  # the run's last: a reopened ledger reads it back
+        self.event(step, "checkpoint_saved", path=path, **final_mark)
         self.state.finished = self.state.finished or final or step >= self.config.optim.total_steps
         due = self.schedule_eval(step, path) if self._eval_due(step, final) else None
         deleted = self.apply_retention()
@@ -400,12 +401,12 @@ class RunLedger:
         dropped = run_log.repair(self.run_dir)
         if dropped:
             self.event(self.state.step, "metrics_log_repaired", dropped_bytes=dropped)
-        saved: dict[int, str] = {}  # checkpoints the log says were saved and not deleted since
+        saved: dict[int, tuple[str, bool]] = {}  # checkpoints the log says were saved (path, final), not deleted since
         for record in run_log.read_metrics(self.run_dir / run_log.METRICS_FILE):
             if record.get("kind") == "event" and record.get("event") in ("checkpoint_saved", "checkpoint_deleted"):
                 saved.pop(record["step"], None)
                 if record["event"] == "checkpoint_saved":
-                    saved[record["step"]] = record["path"]
+                    saved[record["step"]] = (record["path"], bool(record.get("final")))
             elif record.get("kind") == "train":
                 metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind")}
                 self.state.last_train = TrainLine(record["step"], metrics)
@@ -417,11 +418,12 @@ class RunLedger:
                     entry.metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind", "checkpoint")}
         self._reindex_saved_checkpoints(saved)
 
-    def _reindex_saved_checkpoints(self, saved: dict[int, str]) -> None:
+    def _reindex_saved_checkpoints(self, saved: dict[int, tuple[str, bool]]) -> None:
         """Index the checkpoints the log names as saved that the state file missed (a coordinator killed between
         the checkpoint_saved line and its next state write), if they are still intact on disk, and schedule the
-        evaluation each was due; without this a resume would start from an older checkpoint."""
-        for step, path in sorted(saved.items()):
+        evaluation each was due, a final one's off the schedule (the run is then finished); without this a resume
+        would start from an older checkpoint."""
+        for step, (path, final) in sorted(saved.items()):
             if self.checkpoint(step) is not None:  # indexed (this path or a replacement)
                 continue
             try:
@@ -431,8 +433,8 @@ class RunLedger:
             self.state.checkpoints.append(CheckpointEntry(step, path, {}, time.time()))
             self.state.checkpoints.sort(key=lambda c: c.step)
             self.event(step, "checkpoint_reindexed", path=path)
-            self.state.finished = self.state.finished or step >= self.config.optim.total_steps
-            if self._eval_due(step, final=False):
+            self.state.finished = self.state.finished or final or step >= self.config.optim.total_steps
+            if self._eval_due(step, final):
                 self.schedule_eval(step, path)
 
     def status(self, *, live: bool) -> dict[str, Any]:
