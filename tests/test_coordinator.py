@@ -388,6 +388,36 @@ def test_a_killed_coordinator_restarts_from_its_state_file_with_nothing_lost(mak
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
 
 
+def restart(actor, timeout: float = 60.0) -> None:
+    """Kill the actor's process and wait until Ray has restarted it (ray.kill returns before the kill lands)."""
+    from ray._private.state import actors
+
+    def restarts() -> tuple[int, str]:
+        info = actors(actor_id=actor._actor_id.hex())
+        return info["NumRestarts"], info["State"]
+
+    before, _ = restarts()
+    ray.kill(actor, no_restart=False)
+    deadline = time.monotonic() + timeout
+    while restarts() != (before + 1, "ALIVE"):
+        assert time.monotonic() < deadline, "the actor was not restarted"
+        time.sleep(0.05)
+
+
+def test_a_stop_request_outlives_a_coordinator_restart_but_not_its_run(make_run):
+    """Ctrl-C on the driver, then the coordinator's process dies before rank 0 polls: the restarted coordinator still
+    asks training to stop. The next `albert pretrain` of the run (a new coordinator) is not stopped by it."""
+    run = make_run()
+    run.call("report", 40, {"loss": 2.0})
+    run.call("request_stop")
+    restart(run.actor)
+    assert run.call("stop_requested")
+    ray.kill(run.actor, no_restart=True)
+    run.actor = get_or_create_coordinator(run.dir, run.name, run.config)  # the resumed run's driver
+    assert not run.call("stop_requested")
+    assert [e["step"] for e in events(run.dir, "stop_requested")] == [40]
+
+
 def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed_again_on_reopen(tmp_path):
     """A coordinator killed between the checkpoint_saved line and its state write: the reopened ledger takes the
     checkpoint back from the log (resume starts from it, its evaluation is due), unless it was deleted since or

@@ -93,6 +93,16 @@ class TrainLine:
 
 
 @dataclass
+class StopRequest:
+    """The driver's first Ctrl-C: training checkpoints at its next step and ends. `session`: the coordinator that took
+    it; one restarted by Ray is the same session and honours it, the next run's coordinator is another and does not."""
+
+    step: int
+    time: float
+    session: str
+
+
+@dataclass
 class ConfigChange:
     """A start of the run under another config than its config of record, which it replaced: the step of the newest
     checkpoint (where the resume starts), the replaced config's hash (services.run.config.config_hash, as
@@ -121,6 +131,7 @@ class LedgerState:
     finished: bool = False  # the run's last checkpoint was saved
     plateau: bool = False  # a plateau event was reported and no evaluation has left it since
     config_history: list[ConfigChange] = field(default_factory=list)  # each config replaced, oldest first
+    stop_request: StopRequest | None = None  # the last stop the driver asked for
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1) + "\n"
@@ -130,18 +141,18 @@ class LedgerState:
         data = read_state_json(text, source, STATE_VERSION)
         last = data.pop("last_train")
         return cls(
-            **{
-                k: v
-                for k, v in data.items()
-                if k not in ("dropout", "checkpoints", "refused", "evals", "config_history")
-            },
+            **{k: v for k, v in data.items() if k not in _NESTED},
             last_train=TrainLine(**last) if last else None,
             config_history=[ConfigChange(**c) for c in data.get("config_history", [])],
+            stop_request=StopRequest(**data["stop_request"]) if data.get("stop_request") else None,
             dropout=DropoutState(**data["dropout"]),
             checkpoints=[CheckpointEntry(**c) for c in data["checkpoints"]],
             refused=[RefusedCheckpoint(**r) for r in data["refused"]],
             evals=[EvalEntry(**e) for e in data["evals"]],
         )
+
+
+_NESTED = ("dropout", "checkpoints", "refused", "evals", "config_history", "stop_request")  # built by from_json
 
 
 @dataclass
@@ -263,6 +274,19 @@ class RunLedger:
                 self.event(entry.step, "checkpoint_corrupt", path=entry.path, reason=str(err))
                 self.save()
         return None
+
+    def request_stop(self, session: str, reason: str) -> None:
+        """Record the driver's stop request (a `stop_requested` event), so that a restarted coordinator of the same
+        session still hands it to training."""
+        if not self.stop_requested(session):
+            self.state.stop_request = StopRequest(self.state.step, time.time(), session)
+            self.event(self.state.step, "stop_requested", reason=reason)
+            self.save()
+
+    def stop_requested(self, session: str) -> bool:
+        """Whether this session's driver asked training to stop (an earlier session's request ended its own run)."""
+        request = self.state.stop_request
+        return request is not None and request.session == session
 
     # --- evaluations ---
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,13 @@ class Coordinator:
         config_dict: dict[str, Any],
         heldout_path: str,
         evaluator_options: dict[str, Any] | None = None,
+        session: str = "",
     ):
+        """`session`: this run's start (get_or_create_coordinator draws one); Ray restarts the actor with the same
+        arguments, so a restarted coordinator reads back the stop its session's driver asked for."""
         self.ledger = RunLedger(run_dir, run_name, config_dict)
         self.run_name = run_name
+        self.session = session
         self.heldout_path = heldout_path
         config = self.ledger.config
         self.intrinsic = IntrinsicOptions.from_run_config(config)
@@ -64,7 +69,7 @@ class Coordinator:
         self._queue: list[EvalEntry] = list(self.ledger.pending_evals())
         self._training_started = False
         self._shared_cpus_noted = False
-        self._stop_requested = False
+        self._stop_requested = self.ledger.stop_requested(session)
         self._last_seen, self._stall_reported = time.monotonic(), False
         threading.Thread(target=self._watch, args=(config.train.stall_seconds,), daemon=True).start()
 
@@ -107,7 +112,7 @@ class Coordinator:
         """The driver's first Ctrl-C: training saves a checkpoint at its next step and ends there."""
         if not self._stop_requested:
             self._stop_requested = True
-            self.ledger.event(self.ledger.state.step, "stop_requested", reason="Ctrl-C (SIGINT) on the driver")
+            self.ledger.request_stop(self.session, reason="Ctrl-C (SIGINT) on the driver")
 
     def stop_requested(self) -> bool:
         """Polled by rank 0 after every step."""
@@ -236,7 +241,8 @@ def get_or_create_coordinator(
     lifetime: str | None = None,
     evaluator_options: dict[str, Any] | None = None,
 ):
-    """The run's coordinator actor: the live one if it exists, else a new one (which resumes coordinator.json).
+    """The run's coordinator actor: the live one if it exists, else a new one (which resumes coordinator.json) of a
+    new session (a stop request of an earlier one is not its own).
 
     Checks on the driver what would make the actor fail later: the config, the held-out file evaluation reads
     (`<data.shards>/heldout/documents.parquet`) and the downstream tasks. `lifetime="detached"` outlives the driver.
@@ -253,7 +259,7 @@ def get_or_create_coordinator(
     unigram_for(Path(config.data.shards), config)  # stored beside the manifest, where evaluators find it
     return Coordinator.options(
         name=coordinator_name(run_name), namespace=RAY_NAMESPACE, get_if_exists=True, lifetime=lifetime
-    ).remote(str(Path(run_dir).resolve()), run_name, config_dict, str(heldout), evaluator_options)
+    ).remote(str(Path(run_dir).resolve()), run_name, config_dict, str(heldout), evaluator_options, uuid.uuid4().hex)
 
 
 def _error_summary(err: BaseException) -> str:
