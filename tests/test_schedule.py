@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -30,7 +31,7 @@ from services.run.config import RunConfig
 from services.run.ledger import RunLedger
 from services.run.schedules import RESULT_KIND, ScheduleSpec
 from services.train.driver import run_pretraining
-from tests.test_coordinator import write_checkpoint
+from tests.test_coordinator import flip_a_bit, write_checkpoint
 from tests.test_train import run_config, write_heldout, write_shards
 
 
@@ -195,6 +196,49 @@ def test_a_live_scheduler_reads_the_config_a_resume_brought(tmp_path):
     assert due == 1000 and not state.complete
     schedules.update(run_dir, "every-500", lambda s: s.mark_done(1000, "x"))
     assert not scheduler.observe()[0].complete  # step 1000 is not the run's end any more
+
+
+# --- a checkpoint saved again at the same step ----------------------------------------------------------------------
+
+
+def attached(run_dir: Path, name: str, every: int) -> Scheduler:
+    schedules.create_or_attach(run_dir, ScheduleSpec(name, every, "/h"))
+    scheduler = Scheduler(run_dir, name)
+    scheduler.reconcile()
+    return scheduler
+
+
+def test_a_checkpoint_saved_again_is_evaluated_though_the_scheduler_looked_while_it_was_being_replaced(ledger_run):
+    root = ledger_run.run_dir / "checkpoints"
+    path = Path(checkpoint_of_step(root, 4))
+    ledger_run.checkpoint_saved(4, str(path))
+    scheduler = attached(ledger_run.run_dir, "every-2", 2)
+    assert scheduler.observe()[1] == 4
+    # A resume saves step 4 again (services.train.state._replace_dir): the old directory is moved aside, then the
+    # new one renamed in. The scheduler looks in between.
+    aside = path.with_name(f".{path.name}.old-1")
+    os.replace(path, aside)
+    state, due = scheduler.observe()
+    assert due is None and 4 in state.missing
+    checkpoint_of_step(root, 4)
+    shutil.rmtree(aside)
+    state, due = scheduler.observe()
+    assert due == 4 and 4 not in state.missing
+
+
+def test_a_step_that_failed_on_a_corrupt_checkpoint_is_retried_once_the_checkpoint_is_saved_again(ledger_run):
+    root = ledger_run.run_dir / "checkpoints"
+    path = Path(checkpoint_of_step(root, 2))
+    ledger_run.checkpoint_saved(2, str(path))
+    flip_a_bit(path / "model.safetensors")
+    scheduler = attached(ledger_run.run_dir, "every-2", 2)
+    scheduler.evaluate(scheduler.observe()[1], threading.Event())  # fails verification: recorded failed
+    state, due = scheduler.observe()
+    assert due is None and 2 in state.failed  # the same damaged checkpoint is not evaluated again
+    shutil.rmtree(path)
+    checkpoint_of_step(root, 2)  # the resumed run saves step 2 again, intact
+    state, due = scheduler.observe()
+    assert due == 2 and 2 not in state.failed
 
 
 # --- a real run, its scheduler killed once ------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from services.run import schedules
 from services.run.checkpoints import CHECKPOINTS_DIR, list_checkpoints, verify_checkpoint
 from services.run.config import RunConfig
 from services.run.ledger import STATE_FILE, LedgerState
-from services.run.schedules import RESULT_KIND, ScheduleSpec, ScheduleState
+from services.run.schedules import RESULT_KIND, ScheduleSpec, ScheduleState, checkpoint_identity
 
 log = logging.getLogger(__name__)
 MAX_EVALUATOR_DEATHS = 2  # relaunches of an evaluator that died on the same checkpoint
@@ -175,7 +175,8 @@ class Scheduler:
         gone = {step: why for step, why in saved.items() if step not in on_disk}
 
         def note(state: ScheduleState) -> None:
-            state.observe(on_disk, gone)
+            identities = {step: checkpoint_identity(on_disk[step]) for step in state.retry_candidates(on_disk)}
+            state.observe(on_disk, gone, identities)
             state.complete = state.complete or (finished and not state.pending and not state.cancelled)
 
         state = schedules.update(self.run_dir, self.name, note)
@@ -184,10 +185,12 @@ class Scheduler:
     def evaluate(self, step: int, stop: threading.Event) -> None:
         """Evaluate one checkpoint; its result line is appended before the step is recorded done."""
         path = self._seen[0][step]
+        # The write evaluated: a step settled missing or failed on it is retried once the run saves the step again.
+        seen_as = checkpoint_identity(path)
         try:
             verify_checkpoint(path)
         except (CorruptCheckpoint, FileNotFoundError) as err:
-            self._settle(step, "missing" if not Path(path).exists() else "failed", str(err))
+            self._settle(step, "missing" if not Path(path).exists() else "failed", str(err), seen_as)
             return
         ref = self._evaluator().evaluate.remote(path, step)
         while not ray.wait([ref], timeout=self.poll_s)[0]:
@@ -200,22 +203,22 @@ class Scheduler:
         except RayTaskError as err:
             gone = not Path(path).exists()
             why = "deleted while it was evaluated" if gone else _last(err)
-            self._settle(step, "missing" if gone else "failed", why)
+            self._settle(step, "missing" if gone else "failed", why, seen_as)
             return
         except RayError as err:  # the evaluator died: a new one tries again, up to MAX_EVALUATOR_DEATHS times
             self.evaluator = None
             self.deaths[step] = self.deaths.get(step, 0) + 1
             if self.deaths[step] > MAX_EVALUATOR_DEATHS:
-                self._settle(step, "failed", f"evaluator died {self.deaths[step]} times: {_last(err)}")
+                self._settle(step, "failed", f"evaluator died {self.deaths[step]} times: {_last(err)}", seen_as)
             return
         if schedules.load(self.run_dir, self.name).cancelled:
             return
         run_log.append(self.run_dir, result_record(self.name, step, result))
         schedules.update(self.run_dir, self.name, lambda s: s.mark_done(step, path))
 
-    def _settle(self, step: int, how: str, why: str) -> None:
+    def _settle(self, step: int, how: str, why: str, seen_as: str) -> None:
         mark = {"missing": ScheduleState.mark_missing, "failed": ScheduleState.mark_failed}[how]
-        schedules.update(self.run_dir, self.name, lambda s: mark(s, step, why))
+        schedules.update(self.run_dir, self.name, lambda s: mark(s, step, why, seen_as))
 
     def _evaluator(self):
         if self.evaluator is None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_core.files import atomic_write_bytes, file_lock, read_state_json
+from albert_core.files import CHECKSUM_FILE, atomic_write_bytes, file_lock, read_state_json
 
 SCHEDULES_DIR = "schedules"
 RESULT_KIND = "schedule_eval"  # the kind of a schedule's result lines in metrics.jsonl
@@ -73,6 +73,9 @@ class ScheduleState:
     missing: dict[int, str] = field(default_factory=dict)  # step -> why it could not be evaluated
     failed: dict[int, str] = field(default_factory=dict)  # step -> the evaluation's error
     pending: list[int] = field(default_factory=list)  # matching checkpoints seen on disk, not settled yet
+    # step -> the checkpoint (checkpoint_identity; "" when none was on disk) a missing or failed step was settled on:
+    # one saved again at that step since (a resume) is due again
+    settled_as: dict[int, str] = field(default_factory=dict)
     cancelled: bool = False
     complete: bool = False
     starts: int = 0  # scheduler (re)starts
@@ -90,14 +93,25 @@ class ScheduleState:
         """The matching steps among `steps` that are neither done, missing nor failed, in order."""
         return sorted({s for s in steps if self.spec.matches(s) and not self.settled(s)})
 
-    def observe(self, on_disk: Iterable[int], saved: dict[int, str]) -> None:
+    def observe(self, on_disk: Iterable[int], saved: dict[int, str], identities: dict[int, str] | None = None) -> None:
         """What the run has now: checkpoints on disk, and every step the run's log says was saved (step -> why it
-        is not on disk, for those gone). A matching step saved but no longer on disk and not settled is missing."""
+        is not on disk, for those gone). A matching step saved but no longer on disk and not settled is missing.
+        `identities`: of checkpoints on disk (at least those of missing or failed steps); a missing or failed step
+        whose checkpoint is another than the one it was settled on (saved again) is due again."""
         on_disk = set(on_disk)
+        for step, identity in (identities or {}).items():
+            if step in on_disk and step in self.settled_as and self.settled_as[step] != identity:
+                self.missing.pop(step, None)
+                self.failed.pop(step, None)
+                self.settled_as.pop(step)
         for step in self.unsettled(saved):
             if step not in on_disk:
-                self.missing[step] = saved[step]
+                self.mark_missing(step, saved[step])
         self.pending = self.unsettled(on_disk)
+
+    def retry_candidates(self, on_disk: Iterable[int]) -> list[int]:
+        """The missing or failed steps on disk whose checkpoint identity `observe` compares."""
+        return sorted(set(on_disk) & (set(self.missing) | set(self.failed)))
 
     def reconcile(self, results: Iterable[dict[str, Any]]) -> list[int]:
         """Take back result lines of this schedule that reached metrics.jsonl but not this file; returns their steps."""
@@ -116,12 +130,12 @@ class ScheduleState:
         self.done[step] = checkpoint
         self.pending = [s for s in self.pending if s != step]
 
-    def mark_failed(self, step: int, error: str) -> None:
-        self.failed[step] = error
+    def mark_failed(self, step: int, error: str, identity: str = "") -> None:
+        self.failed[step], self.settled_as[step] = error, identity
         self.pending = [s for s in self.pending if s != step]
 
-    def mark_missing(self, step: int, reason: str) -> None:
-        self.missing[step] = reason
+    def mark_missing(self, step: int, reason: str, identity: str = "") -> None:
+        self.missing[step], self.settled_as[step] = reason, identity
         self.pending = [s for s in self.pending if s != step]
 
     def summary(self) -> dict[str, Any]:
@@ -146,7 +160,7 @@ class ScheduleState:
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
-        for key in ("done", "missing", "failed"):
+        for key in _BY_STEP:
             data[key] = {str(step): value for step, value in sorted(data[key].items())}
         return json.dumps(data, indent=1) + "\n"
 
@@ -155,8 +169,21 @@ class ScheduleState:
         data = read_state_json(text, source, VERSION, "schedule state")
         spec = data.pop("spec")
         spec = ScheduleSpec(**{**spec, "tasks": tuple(spec["tasks"]), "task_data": tuple(spec["task_data"])})
-        steps = {key: {int(s): v for s, v in data.pop(key).items()} for key in ("done", "missing", "failed")}
+        steps = {key: {int(s): v for s, v in data.pop(key, {}).items()} for key in _BY_STEP}
         return cls(spec=spec, **steps, **data)
+
+
+_BY_STEP = ("done", "missing", "failed", "settled_as")  # keyed by step: JSON keys are strings
+
+
+def checkpoint_identity(path: str | Path) -> str:
+    """Which write of a checkpoint directory is there now: its MANIFEST.json's inode and change time ("" when there
+    is none). A checkpoint saved again at the same step (every save writes a new directory) has another."""
+    try:
+        stat = (Path(path) / CHECKSUM_FILE).stat()
+    except OSError:
+        return ""
+    return f"{stat.st_ino}:{stat.st_ctime_ns}"
 
 
 # --- the files ---------------------------------------------------------------------------------------------------
