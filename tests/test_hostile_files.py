@@ -46,6 +46,8 @@ from services.run.report import LiveView
 from services.train.plan import read_shard_set
 from tests.test_finetuning import tiny
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def tiny_config(**fields) -> AlbertConfig:
     sizes = dict(vocab_size=64, embedding_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
@@ -118,6 +120,17 @@ def test_the_job_package_leaves_out_files_that_hold_secrets(tmp_path):
     create_package(str(work), package, include_gitignore=True, excludes=env["excludes"])
     with zipfile.ZipFile(package) as zipped:
         assert sorted(zipped.namelist()) == ["configs/tiny.toml", "docs/keys.md", "train.py"]
+
+
+def test_the_job_package_keeps_services_data_and_leaves_out_the_corpora_folder(tmp_path):
+    work = tmp_path / "work"
+    for name in ("services/data/cli.py", "data/corpus/a.txt", "runs/a/x.json"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text("x")
+    package = tmp_path / "package.zip"
+    create_package(str(work), package, include_gitignore=True, excludes=cluster.build_runtime_env(work)["excludes"])
+    with zipfile.ZipFile(package) as zipped:
+        assert zipped.namelist() == ["services/data/cli.py"]
 
 
 def private_token(path: Path, token: str = "s3cr3t") -> Path:

@@ -27,7 +27,7 @@ LAYERS = (
     ("services.eval",),
     ("services.finetune", "services.preprocess"),
     ("services.run", "services.data"),
-    ("services.cluster",),
+    ("services.cluster", "services.terminal"),
     ("services",),
     ("albert_core",),
 )
