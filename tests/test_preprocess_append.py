@@ -224,7 +224,21 @@ def other_tokenizer(tmp_path_factory) -> Path:
     return train_tokenizer(TEXTS, tmp_path_factory.mktemp("other"), TokenizerTrainConfig(vocab_size=300))
 
 
+def cased_copy(tokenizer: Path, where: Path) -> Path:
+    """The same spiece.model (same sha256) with a tokenizer_config.json that keeps case."""
+    where.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(tokenizer, where / "spiece.model")
+    (where / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False, "keep_accents": False}))
+    return where / "spiece.model"
+
+
 REFUSALS = {  # name -> (arguments as a function of (set, corpora, other tokenizer, tmp_path), message pattern)
+    "same_model_other_casing": (
+        lambda s, c, t, p: append_args(
+            s, [c["news"]], "--tokenizer", str(cased_copy(ShardsManifest.read(s).tokenizer_model(), p / "cased"))
+        ),
+        r"--tokenizer .*: lower_case False, but the shard set .* was tokenized with lower_case True",
+    ),
     "other_tokenizer": (
         lambda s, c, t, p: append_args(s, [c["news"]], "--tokenizer", str(t)),
         r"--tokenizer .*: sha256 [0-9a-f]{64}, but the shard set .* was tokenized with sha256 [0-9a-f]{64}",

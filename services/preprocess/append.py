@@ -76,14 +76,18 @@ def set_tokenizer(shard_set: ShardsManifest, given: str | None) -> str:
 
 
 def check_same_tokenizer(tokenizer: Tokenizer, shard_set: ShardsManifest, given: str | None) -> None:
-    recorded = shard_set.tokenizer_sha256
-    if tokenizer.sha256 == recorded:
-        return
+    """ValueError unless `tokenizer` is the set's: the same model (sha256) and the same text preprocessing (the
+    casing and accents the manifest records): the same model read with other settings makes other pieces."""
     what = f"--tokenizer {given}" if given is not None else f"the shard set's tokenizer {tokenizer.name}"
-    raise ValueError(
-        f"{what}: sha256 {tokenizer.sha256}, but the shard set {shard_set.directory} was tokenized with sha256 "
-        f"{recorded}; an appended part must use the set's tokenizer"
-    )
+    recorded = shard_set.data.get("tokenizer") if isinstance(shard_set.data.get("tokenizer"), dict) else {}
+    checks = [("sha256", tokenizer.sha256, shard_set.tokenizer_sha256)]
+    checks += [(name, getattr(tokenizer, name), recorded.get(name)) for name in ("lower_case", "keep_accents")]
+    for name, mine, theirs in checks:
+        if mine != theirs and (name == "sha256" or theirs is not None):  # settings a manifest did not record: as made
+            raise ValueError(
+                f"{what}: {name} {mine}, but the shard set {shard_set.directory} was tokenized with {name} {theirs}; "
+                "an appended part must use the set's tokenizer as the set was made with it"
+            )
 
 
 def claim_part(
