@@ -92,6 +92,32 @@ def file_lock(path: str | Path, *, blocking: bool = True) -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+class HeldLock:
+    """An exclusive advisory lock (flock) held until `release()` or the holder's death, across calls (file_lock
+    holds one for a block)."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    @classmethod
+    def try_acquire(cls, path: str | Path) -> HeldLock | None:
+        """The lock on `path` (created if absent), or None at once when another holder has it."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        return cls(handle)
+
+    def release(self) -> None:
+        if not self._handle.closed:
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write via a temporary file in the same directory, fsync, rename: readers see the old or the new file."""
     path = Path(path)

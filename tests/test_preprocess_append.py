@@ -173,6 +173,7 @@ def test_an_interrupted_append_is_invisible_and_resumes_to_the_same_manifest(bas
     args = append_args(shards, [corpora["news"]], "--part-name", "news", "--shard-mb", "0.002")
     config, job = plan_from_args(_parser().parse_args(args))
     write_unit(job.plan.units[0], job.tokenizer, config, job.fingerprint, job.layout(config.output))  # then "killed"
+    job.release()  # (a killed run's lock goes with its process)
     assert (shards / MANIFEST_FILE).read_bytes() == (base / MANIFEST_FILE).read_bytes()
     assert ShardsManifest.read(shards).version == 1 and (shards / PROGRESS_DIR / "part-1" / "plan.json").is_file()
 

@@ -198,3 +198,20 @@ def test_a_job_killed_half_way_resumes_without_redoing_losing_or_repeating_a_uni
     ids = [pq.read_table(tmp_path / "out" / s["name"], columns=["example_id"]).column(0) for s in manifest["shards"]]
     all_ids = [i for column in ids for i in column.to_pylist()]
     assert len(all_ids) == len(set(all_ids)) == expected["examples"]
+
+
+def test_a_second_copy_of_a_running_preprocess_is_refused_and_leaves_the_first_alone(shapes, tokenizer, tmp_path):
+    from services.preprocess.plan import plan_preprocess
+
+    config = PreprocessConfig(
+        inputs=shapes["one file"], tokenizer=str(tokenizer), output=str(tmp_path / "out"), progress=False
+    )
+    first = plan_preprocess(config)
+    in_flight = tmp_path / "out" / PROGRESS_DIR / "shard-00000.parquet.partial"  # a unit the first is writing
+    in_flight.write_bytes(b"PAR1")
+    with pytest.raises(ValueError, match=r"another albert preprocess is writing into .*out right now"):
+        plan_preprocess(config)  # a resubmitted job: same plan, same output
+    assert in_flight.exists()
+    first.release()
+    plan_preprocess(config).release()  # once the first has ended, the same command resumes
+    assert not in_flight.exists()  # (and clears what an interrupted run left)

@@ -114,8 +114,8 @@ def claim_part(
             f"{layout.progress}: holds an unfinished append of part {k} with other inputs, input sizes or options; "
             "rerun the same command or delete it"
         )
-        claim_plan(layout, config, fingerprint, plan, refused)
-    return PreprocessJob(tokenizer, plan, fingerprint, part=k, name=name)
+        lock = claim_plan(layout, config, fingerprint, plan, refused)
+    return PreprocessJob(tokenizer, plan, fingerprint, lock, part=k, name=name)
 
 
 def next_unit(shard_set: ShardsManifest) -> int:

@@ -5,6 +5,7 @@ held-out part and the plan; and the atomic JSON write every marker uses.
     <output>/.progress/[part-k/]plan.json           the plan a part's run claimed (its fingerprint)
     <output>/.progress/[part-k/]shard-XXXXX.json    a unit's done marker (its commit point)
     <output>/.progress/manifest.lock                held while manifest.json is rewritten or a part is claimed
+    <output>/.progress/[part-k/]run.lock            held by the one run writing the part, from its claim to its end
     <output>/heldout/documents.parquet | part-k.parquet
 """
 
@@ -21,6 +22,7 @@ from services.preprocess.config import Unit
 PROGRESS_DIR = ".progress"  # plan.json, done markers, partial files
 PLAN_FILE = "plan.json"
 LOCK_FILE = "manifest.lock"  # in .progress/: held while manifest.json is rewritten or an append claims its part
+RUN_LOCK_FILE = "run.lock"  # in a part's progress folder: held by the one run writing that part
 
 
 class Layout:
@@ -34,6 +36,7 @@ class Layout:
         self.lock = self.root / PROGRESS_DIR / LOCK_FILE
         self.progress = self.root / PROGRESS_DIR / (f"part-{part}" if part else "")
         self.plan = self.progress / PLAN_FILE
+        self.run_lock = self.progress / RUN_LOCK_FILE  # held by the run writing this part, while it runs
         self.manifest = self.root / MANIFEST_FILE
         self.heldout_name = f"{posixpath.dirname(HELDOUT_FILE)}/part-{part}.parquet" if part else HELDOUT_FILE
         self.heldout = self.root / self.heldout_name

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import fsspec
 
 from albert_core.corpus import Region, list_inputs
+from albert_core.files import HeldLock
 from albert_core.regions import is_index, plan_file
 from albert_core.shards import MANIFEST_FILE, TRAIN_DIR
 from albert_core.tokenization import Tokenizer
@@ -123,7 +124,7 @@ def plan_units(files: list[InputFile], config: PreprocessConfig, first: int = 0)
     return Plan(tuple(units), tuple(StreamInput(f, after + i * STREAM_UNITS) for i, f in enumerate(big)))
 
 
-def _prepare_output(layout: Layout, config: PreprocessConfig, fingerprint: str, plan: Plan) -> None:
+def _prepare_output(layout: Layout, config: PreprocessConfig, fingerprint: str, plan: Plan) -> HeldLock:
     if not layout.plan.is_file() and (layout.train.exists() or layout.manifest.exists()):
         raise ValueError(
             f"{layout.root}: has {TRAIN_DIR}/ or {MANIFEST_FILE} but no {PROGRESS_DIR}/{PLAN_FILE}: not a resumable "
@@ -133,12 +134,29 @@ def _prepare_output(layout: Layout, config: PreprocessConfig, fingerprint: str, 
         f"{layout.root}: holds a preprocess run with other inputs, input sizes, tokenizer or options "
         f"({layout.plan}); use a new --output directory or delete this one"
     )
-    claim_plan(layout, config, fingerprint, plan, refused)
+    return claim_plan(layout, config, fingerprint, plan, refused)
 
 
-def claim_plan(layout: Layout, config: PreprocessConfig, fingerprint: str, plan: Plan, refused: str) -> None:
-    """The part's progress folder made and claimed for this plan (its plan.json), or ValueError(refused) when it
-    holds another plan; partial files an interrupted run left there are removed."""
+def claim_plan(layout: Layout, config: PreprocessConfig, fingerprint: str, plan: Plan, refused: str) -> HeldLock:
+    """The part's progress folder made and claimed for this plan (its plan.json) and its run lock taken (returned:
+    the caller holds it until the run ends), or ValueError(refused) when it holds another plan, or one naming the
+    output when another run is writing it now (a resubmitted job); partial files an interrupted run left there are
+    removed."""
+    lock = HeldLock.try_acquire(layout.run_lock)
+    if lock is None:
+        raise ValueError(
+            f"{layout.root}: another albert preprocess is writing into {layout.root} right now (it holds "
+            f"{layout.run_lock}); wait for it to end, or stop it, then rerun this command to resume"
+        )
+    try:
+        _claim(layout, config, fingerprint, plan, refused)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _claim(layout: Layout, config: PreprocessConfig, fingerprint: str, plan: Plan, refused: str) -> None:
     if layout.plan.is_file():
         try:
             old = json.loads(layout.plan.read_text()).get("fingerprint")
@@ -169,11 +187,16 @@ class PreprocessJob:
     tokenizer: Tokenizer
     plan: Plan
     fingerprint: str
+    lock: HeldLock  # the part's run lock, held from the claim until the run ends
     part: int = 0  # the part of the shard set it writes (0: a plain preprocess)
     name: str = "part-0"
 
     def layout(self, output: str) -> Layout:
         return Layout(output, self.part)
+
+    def release(self) -> None:
+        """Let another run write the part (run_preprocess does this when it ends)."""
+        self.lock.release()
 
 
 def plan_preprocess(config: PreprocessConfig) -> PreprocessJob:
@@ -184,5 +207,5 @@ def plan_preprocess(config: PreprocessConfig) -> PreprocessJob:
     tokenizer = check_tokenizer(config)
     plan = plan_units(list_input_files(config), config)
     fingerprint = plan.fingerprint(config, tokenizer)
-    _prepare_output(Layout(config.output), config, fingerprint, plan)
-    return PreprocessJob(tokenizer, plan, fingerprint)
+    lock = _prepare_output(Layout(config.output), config, fingerprint, plan)
+    return PreprocessJob(tokenizer, plan, fingerprint, lock)

@@ -201,6 +201,13 @@ def run_preprocess(config: PreprocessConfig, job: PreprocessJob | None = None) -
     example."""
     started = time.perf_counter()
     job = job or plan_preprocess(config)
+    try:
+        return _run(config, job, started)
+    finally:
+        job.release()
+
+
+def _run(config: PreprocessConfig, job: PreprocessJob, started: float) -> dict[str, Any]:
     layout = job.layout(config.output)
     summaries, timings = _run_units(config, job, layout)
     heldout_sha = _merge_heldout(layout, [s["unit"] for s in summaries])

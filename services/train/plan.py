@@ -144,8 +144,10 @@ def plan_data(shards_dir: Path, config: RunConfig) -> ShardSet:
     draws in the run's optim.total_steps: a part whose share rounds to no block in them counts none)."""
     shards = read_shard_set(shards_dir)
     _check_mixture(shards, config)
-    order = shards.order(shards.version, config.run.seed, config.data.mixture)
-    total = order.rows_drawn(config.optim.total_steps * config.train.global_batch_size)
+    total = 0
+    if sum(shards.rows_per_file):  # (an empty set has no order to draw from)
+        order = shards.order(shards.version, config.run.seed, config.data.mixture)
+        total = order.rows_drawn(config.optim.total_steps * config.train.global_batch_size)
     if total < config.train.global_batch_size:
         refusal = _too_few_examples(shards_dir, len(shards.files), total, config.train)
         if config.data.mixture:
