@@ -15,6 +15,7 @@ from albert_core.config import AlbertConfig
 from albert_core.evaluation import HeldoutDocument, TokenIds, intrinsic_metrics, read_heldout
 from albert_core.model import AlbertForPreTraining
 from albert_core.shards import HELDOUT_SCHEMA
+from albert_core.unigram import UnigramBaseline
 from services.eval.evaluate import (
     DOWNSTREAM_TASKS,
     IntrinsicOptions,
@@ -304,3 +305,35 @@ def test_intrinsic_options_follow_the_run_config():
     options = IntrinsicOptions.from_run_config(config)
     assert (options.seed, options.max_seq_length, options.batch_size) == (99, 128, 8)
     assert options.max_examples == config.eval.heldout_batches * 8
+
+
+def test_a_checkpoint_is_scored_against_the_unigram_baseline_of_the_shard_set_version_it_trained_on(tmp_path):
+    """An append commits a new version's counts (and names them in manifest.json); a run that trained on version 1
+    keeps version 1's baseline, so its unigram_acc and mlm_margin do not shift mid-run (issue 31, item 4)."""
+    from albert_core.unigram import version_unigram_file
+
+    shards = tmp_path / "shards"
+    (shards / "heldout").mkdir(parents=True)
+    documents = random_documents(60)
+    write_heldout(shards / "heldout" / "documents.parquet", documents)
+    for version, piece in ((1, 5), (2, 6)):  # each version's most frequent piece differs
+        counts = np.ones(VOCAB, dtype=np.int64)
+        counts[piece] = 1000
+        (shards / version_unigram_file(version)).parent.mkdir(exist_ok=True)
+        UnigramBaseline(counts).save_as(shards / version_unigram_file(version))
+    (shards / "manifest.json").write_text(json.dumps({"unigram": {"file": version_unigram_file(2)}}))
+    model = saved_checkpoint(tmp_path / "ckpt", 300)
+    (tmp_path / "ckpt" / "trainer.json").write_text(json.dumps({"step": 300, "epoch_versions": [1, 1]}))
+    options = IntrinsicOptions(max_seq_length=32, seed=7, batch_size=16, max_examples=100)
+    result = evaluate_checkpoint(tmp_path / "ckpt", shards / "heldout" / "documents.parquet", options=options)
+    version_1 = UnigramBaseline.load_file(shards / version_unigram_file(1))
+    expected = evaluate(model, documents, batch_size=16, max_examples=100, unigram=version_1)
+    assert result["unigram_acc"] == pytest.approx(expected["unigram_acc"])
+    newest = evaluate(
+        model,
+        documents,
+        batch_size=16,
+        max_examples=100,
+        unigram=UnigramBaseline.load_file(shards / version_unigram_file(2)),
+    )
+    assert result["unigram_acc"] != pytest.approx(newest["unigram_acc"])

@@ -118,16 +118,31 @@ def flat_task_metrics(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
 # --- evaluation ------------------------------------------------------------------------------------------------
 
 
-def checkpoint_step(path: str | Path) -> int | None:
-    """The training step recorded beside a checkpoint's weights (trainer.json), or None when there is none."""
+def _trainer_record(path: str | Path) -> dict[str, Any]:
+    """The trainer.json beside a checkpoint's weights ({} when there is none)."""
     trainer = Path(path) / TRAINER_STATE_FILE
     if not trainer.is_file():
-        return None
+        return {}
     try:
-        step = json.loads(trainer.read_text()).get("step")
-    except (json.JSONDecodeError, AttributeError):
-        raise ValueError(f"{trainer}: expected a JSON object with an integer 'step'") from None
+        record = json.loads(trainer.read_text())
+    except json.JSONDecodeError:
+        record = None
+    if not isinstance(record, dict):
+        raise ValueError(f"{trainer}: expected a JSON object with an integer 'step'")
+    return record
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The training step recorded beside a checkpoint's weights (trainer.json), or None when there is none."""
+    step = _trainer_record(path).get("step")
     return int(step) if step is not None else None
+
+
+def checkpoint_version(path: str | Path) -> int | None:
+    """The shard-set version a training checkpoint's last epoch trained on (trainer.json's epoch_versions), or
+    None (a model directory, or a checkpoint made before shard sets had versions)."""
+    versions = _trainer_record(path).get("epoch_versions") or []
+    return int(versions[-1]) if versions else None
 
 
 def evaluate_model(
@@ -181,7 +196,7 @@ def evaluate_checkpoint(
     check_heldout_fits(path, heldout_path)  # a vocabulary mismatch is refused before the model loads
     started = time.time()
     model = _load(path).to(device)
-    unigram = unigram_beside(heldout_path, model.config.vocab_size)
+    unigram = unigram_beside(heldout_path, model.config.vocab_size, checkpoint_version(path))
     metrics = evaluate_model(model, read_heldout(str(heldout_path)), options or IntrinsicOptions(), token_ids, unigram)
     result: dict[str, Any] = {
         "step": step if step is not None else checkpoint_step(path),
@@ -224,7 +239,7 @@ class IntrinsicEvaluator:
         model = _load(checkpoint_path)
         if ray.get_gpu_ids():  # launched with num_gpus: evaluate on the GPU Ray assigned
             model = model.to("cuda")
-        unigram = unigram_beside(self.heldout_path, model.config.vocab_size)
+        unigram = unigram_beside(self.heldout_path, model.config.vocab_size, checkpoint_version(checkpoint_path))
         metrics = evaluate_model(model, self.documents, self.options, self.token_ids, unigram=unigram)
         d = self.downstream
         tasks = {
@@ -239,12 +254,16 @@ class IntrinsicEvaluator:
         return {"step": step, "checkpoint": checkpoint_path, **metrics, "time": finished, "seconds": finished - started}
 
 
-def unigram_beside(heldout_path: str | Path, vocab_size: int) -> UnigramBaseline | None:
-    """The unigram baseline of the shard set a held-out file belongs to (<shards>/heldout/documents.parquet), when
-    it has been counted and fits the model's vocabulary."""
+def unigram_beside(
+    heldout_path: str | Path, vocab_size: int, version: int | None = None
+) -> UnigramBaseline | None:
+    """The unigram baseline of the shard set a held-out file belongs to (<shards>/heldout/documents.parquet), of
+    the version the checkpoint trained on (None, or a set that kept no counts of that version: the newest), when it
+    has been counted and fits the model's vocabulary."""
     from albert_core.unigram import UnigramBaseline, stored_file
 
-    stored = stored_file(Path(heldout_path).resolve().parent.parent)
+    shards = Path(heldout_path).resolve().parent.parent
+    stored = (version is not None and stored_file(shards, version)) or stored_file(shards)
     if stored is None:
         return None
     try:
