@@ -1,8 +1,9 @@
 """MLM + sentence-pair training batches from pair examples, with dynamic n-gram masking.
 
-Each row is masked with ``example_rng(seed, epoch, example_id)``, so its mask depends only on those three numbers:
-not on the batch it lands in, the worker that builds it, or the order rows arrive in. A resumed run re-creates the
-same masks, and a new epoch draws new ones.
+Each row is masked as ``ngram_mask`` masks it with ``example_rng(seed, epoch, example_id)``, so its mask depends only
+on those three numbers: not on the batch it lands in, the worker that builds it, or the order rows arrive in. A resumed
+run re-creates the same masks, and a new epoch draws new ones. The rows of a batch are masked together
+(albert_core.masking_batch), to the same arrays as the per-row code.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from albert_core.masking import IGNORE_INDEX, example_rng, ngram_mask
+from albert_core.masking_batch import MaskSettings, ngram_mask_rows
 
 PAD_MULTIPLE = 8  # seq_len=None pads to the longest row rounded up to this, so few distinct shapes reach compile
 
@@ -43,6 +45,8 @@ def mlm_batch(
     `epoch` is one epoch for every row, or one per row (a batch that crosses an epoch boundary of the example
     stream). seq_len=None pads to the longest row rounded up to a multiple of 8; an int pads every batch to exactly
     that (static shapes for XLA) and rejects longer rows. Padding has attention_mask 0, token type 0 and label -100.
+    Row r is masked exactly as ``ngram_mask(row, rng=example_rng(seed, epoch, example_ids[r]), ...)`` masks it, all
+    rows at once (albert_core.masking_batch).
     """
     n_rows = len(input_ids)
     for name, column in (
@@ -59,14 +63,87 @@ def mlm_batch(
     if pad_id not in special:
         special.append(pad_id)
 
-    rows = [np.asarray(row, dtype=np.int64) for row in input_ids]
-    longest = max(row.size for row in rows)
+    lengths = _lengths(input_ids)
     if seq_len is None:
-        width = padded_length(longest)
+        width = padded_length(int(lengths.max()))
     else:
         if seq_len < 1:
             raise ValueError(f"mlm_batch: seq_len must be a positive int or None, got {seq_len}")
         width = seq_len
+    example_ids = np.asarray(example_ids, dtype=np.int64).reshape(n_rows)
+    _check_rows(lengths, _lengths(token_type_ids), _lengths(word_starts), example_ids, width)
+    inside = np.arange(width)[None, :] < lengths[:, None]
+    ids = _padded(input_ids, inside, pad_id, np.int64)
+    masked, labels = ngram_mask_rows(
+        ids,
+        _padded(word_starts, inside, False, bool),
+        lengths,
+        seed=seed,
+        epochs=np.broadcast_to(np.asarray(epoch, dtype=np.int64), (n_rows,)),
+        example_ids=example_ids,
+        settings=MaskSettings(vocab_size, tuple(special), mask_id, mask_prob, max_ngram),
+    )
+    return {
+        "input_ids": masked,
+        "attention_mask": inside.astype(np.int64),
+        "token_type_ids": _padded(token_type_ids, inside, 0, np.int64),
+        "mlm_labels": labels,
+        "pair_labels": np.asarray(pair_labels, dtype=np.int64).reshape(n_rows),
+    }
+
+
+def _lengths(column: Sequence[Sequence]) -> np.ndarray:
+    return np.fromiter((len(row) for row in column), dtype=np.int64, count=len(column))
+
+
+def _padded(column: Sequence[Sequence], inside: np.ndarray, fill, dtype) -> np.ndarray:
+    """Rows of `column` left-aligned in a rows x width array of `dtype`, `fill` past each row's end."""
+    out = np.full(inside.shape, fill, dtype=dtype)
+    if inside.any():
+        out[inside] = np.concatenate(column)  # row-major: the rows one after another
+    return out
+
+
+def _check_rows(lengths, type_lengths, start_lengths, example_ids, width: int) -> None:
+    """Every row fits the width and has one token type and one word-start flag per token; the first row that does
+    not is named."""
+    bad = (lengths > width) | (type_lengths != lengths) | (start_lengths != lengths)
+    if not bad.any():
+        return
+    r = int(np.argmax(bad))
+    n, where = int(lengths[r]), f"mlm_batch: row {r} (example {int(example_ids[r])})"
+    if n > width:
+        raise ValueError(f"{where} has {n} tokens, more than seq_len={width}")
+    for name, size in (("token_type_ids", type_lengths[r]), ("word_starts", start_lengths[r])):
+        if size != n:
+            raise ValueError(f"{where} has {int(size)} {name} for {n} input_ids")
+
+
+def mlm_batch_per_row(
+    input_ids: Sequence[Sequence[int]],
+    token_type_ids: Sequence[Sequence[int]],
+    pair_labels: Sequence[int],
+    word_starts: Sequence[Sequence[bool]],
+    example_ids: Sequence[int],
+    *,
+    seed: int,
+    epoch: int | Sequence[int],
+    seq_len: int | None,
+    vocab_size: int,
+    special_ids: Iterable[int],
+    mask_id: int,
+    pad_id: int = 0,
+    mask_prob: float = 0.15,
+    max_ngram: int = 3,
+) -> dict[str, np.ndarray]:
+    """`mlm_batch` row by row, each row through ``ngram_mask`` with its own ``example_rng``: the reference the batch
+    masker is tested against (tests/test_masking_batch.py) and timed against (bench/bench_input.py --input-only)."""
+    n_rows = len(input_ids)
+    special = [int(i) for i in special_ids]
+    if pad_id not in special:
+        special.append(pad_id)
+    rows = [np.asarray(row, dtype=np.int64) for row in input_ids]
+    width = padded_length(max(row.size for row in rows)) if seq_len is None else seq_len
     batch = {
         "input_ids": np.full((n_rows, width), pad_id, dtype=np.int64),
         "attention_mask": np.zeros((n_rows, width), dtype=np.int64),
@@ -78,13 +155,6 @@ def mlm_batch(
     columns = zip(rows, token_type_ids, word_starts, example_ids, epochs, strict=True)
     for r, (ids, types, starts, example_id, row_epoch) in enumerate(columns):
         n = ids.size
-        where = f"mlm_batch: row {r} (example {example_id})"
-        if n > width:
-            raise ValueError(f"{where} has {n} tokens, more than seq_len={width}")
-        types = np.asarray(types, dtype=np.int64)
-        for name, size in (("token_type_ids", types.size), ("word_starts", len(starts))):
-            if size != n:
-                raise ValueError(f"{where} has {size} {name} for {n} input_ids")
         masked, labels = ngram_mask(
             ids,
             starts,
@@ -97,6 +167,6 @@ def mlm_batch(
         )
         batch["input_ids"][r, :n] = masked
         batch["attention_mask"][r, :n] = 1
-        batch["token_type_ids"][r, :n] = types
+        batch["token_type_ids"][r, :n] = np.asarray(types, dtype=np.int64)
         batch["mlm_labels"][r, :n] = labels
     return batch
