@@ -48,6 +48,34 @@ def mlm_batch(
     Row r is masked exactly as ``ngram_mask(row, rng=example_rng(seed, epoch, example_ids[r]), ...)`` masks it, all
     rows at once (albert_core.masking_batch).
     """
+    return mlm_batches(
+        input_ids, token_type_ids, pair_labels, word_starts, example_ids, micro_batch=None, seed=seed, epoch=epoch,
+        seq_len=seq_len, vocab_size=vocab_size, special_ids=special_ids, mask_id=mask_id, pad_id=pad_id,
+        mask_prob=mask_prob, max_ngram=max_ngram,
+    )[0]  # fmt: skip
+
+
+def mlm_batches(
+    input_ids: Sequence[Sequence[int]],
+    token_type_ids: Sequence[Sequence[int]],
+    pair_labels: Sequence[int],
+    word_starts: Sequence[Sequence[bool]],
+    example_ids: Sequence[int],
+    *,
+    micro_batch: int | None,
+    seed: int,
+    epoch: int | Sequence[int],
+    seq_len: int | None,
+    vocab_size: int,
+    special_ids: Iterable[int],
+    mask_id: int,
+    pad_id: int = 0,
+    mask_prob: float = 0.15,
+    max_ngram: int = 3,
+) -> list[dict[str, np.ndarray]]:
+    """`mlm_batch` of each run of `micro_batch` rows (None: all of them), masked together: the batch masker's work
+    is mostly per call, so one call for a training step's micro-batches is faster than one per micro-batch. Each
+    micro-batch is padded on its own, and equals what `mlm_batch` makes of its rows."""
     n_rows = len(input_ids)
     for name, column in (
         ("token_type_ids", token_type_ids),
@@ -59,23 +87,22 @@ def mlm_batch(
             raise ValueError(f"mlm_batch: {name} has {len(column)} rows but input_ids has {n_rows}")
     if n_rows == 0:
         raise ValueError("mlm_batch: empty batch (no rows)")
+    if seq_len is not None and seq_len < 1:
+        raise ValueError(f"mlm_batch: seq_len must be a positive int or None, got {seq_len}")
     special = [int(i) for i in special_ids]
     if pad_id not in special:
         special.append(pad_id)
 
     lengths = _lengths(input_ids)
-    if seq_len is None:
-        width = padded_length(int(lengths.max()))
-    else:
-        if seq_len < 1:
-            raise ValueError(f"mlm_batch: seq_len must be a positive int or None, got {seq_len}")
-        width = seq_len
+    groups = [slice(a, a + (micro_batch or n_rows)) for a in range(0, n_rows, micro_batch or n_rows)]
+    widths = [seq_len or padded_length(int(lengths[group].max())) for group in groups]
     example_ids = np.asarray(example_ids, dtype=np.int64).reshape(n_rows)
-    _check_rows(lengths, _lengths(token_type_ids), _lengths(word_starts), example_ids, width)
-    inside = np.arange(width)[None, :] < lengths[:, None]
-    ids = _padded(input_ids, inside, pad_id, np.int64)
+    for group, width in zip(groups, widths, strict=True):
+        _check_rows(lengths[group], _lengths(token_type_ids[group]), _lengths(word_starts[group]),
+                    example_ids[group], width, first=group.start)  # fmt: skip
+    inside = np.arange(max(widths))[None, :] < lengths[:, None]
     masked, labels = ngram_mask_rows(
-        ids,
+        _padded(input_ids, inside, pad_id, np.int64),
         _padded(word_starts, inside, False, bool),
         lengths,
         seed=seed,
@@ -83,13 +110,17 @@ def mlm_batch(
         example_ids=example_ids,
         settings=MaskSettings(vocab_size, tuple(special), mask_id, mask_prob, max_ngram),
     )
-    return {
+    arrays = {
         "input_ids": masked,
         "attention_mask": inside.astype(np.int64),
         "token_type_ids": _padded(token_type_ids, inside, 0, np.int64),
         "mlm_labels": labels,
-        "pair_labels": np.asarray(pair_labels, dtype=np.int64).reshape(n_rows),
     }
+    pairs = np.asarray(pair_labels, dtype=np.int64).reshape(n_rows)
+    return [
+        {**{k: np.ascontiguousarray(v[group, :width]) for k, v in arrays.items()}, "pair_labels": pairs[group]}
+        for group, width in zip(groups, widths, strict=True)
+    ]
 
 
 def _lengths(column: Sequence[Sequence]) -> np.ndarray:
@@ -104,14 +135,14 @@ def _padded(column: Sequence[Sequence], inside: np.ndarray, fill, dtype) -> np.n
     return out
 
 
-def _check_rows(lengths, type_lengths, start_lengths, example_ids, width: int) -> None:
+def _check_rows(lengths, type_lengths, start_lengths, example_ids, width: int, first: int = 0) -> None:
     """Every row fits the width and has one token type and one word-start flag per token; the first row that does
-    not is named."""
+    not is named (rows numbered from `first`)."""
     bad = (lengths > width) | (type_lengths != lengths) | (start_lengths != lengths)
     if not bad.any():
         return
     r = int(np.argmax(bad))
-    n, where = int(lengths[r]), f"mlm_batch: row {r} (example {int(example_ids[r])})"
+    n, where = int(lengths[r]), f"mlm_batch: row {first + r} (example {int(example_ids[r])})"
     if n > width:
         raise ValueError(f"{where} has {n} tokens, more than seq_len={width}")
     for name, size in (("token_type_ids", type_lengths[r]), ("word_starts", start_lengths[r])):

@@ -105,6 +105,9 @@ class TrainSection:
     # steps pay the compile. Meant for GPUs: on a 2-core CPU bench/bench_train.py measured it slower than eager.
     compile: bool = False
     cpus_per_worker: int = 1
+    # Where a worker reads and masks its input, steps ahead of the loop (services/train/input.py): 0 in a thread of
+    # the training process, N >= 1 in N input processes of its own (each takes every N-th step), off the loop's GIL.
+    input_workers: int = 0
     # Further Ray resources each worker holds besides its CPUs, e.g. {TPU = 1} or {GPU = 1} (CPUs: cpus_per_worker).
     # With backend "xla" they also choose the PJRT runtime: TPU -> TPU, GPU -> CUDA, neither -> PJRT_DEVICE=CPU
     # must be set in the driver's environment (services/train.py, `pjrt_device_for`).
@@ -328,6 +331,10 @@ def _check_train(t: TrainSection) -> None:
     for name in ("divergence_factor", "stall_seconds", "max_rollbacks"):
         if not 0 <= getattr(t, name) < math.inf:
             raise ConfigError(f"train.{name}: expected a number >= 0 (0: off), got {getattr(t, name)}")
+    if isinstance(t.input_workers, bool) or not isinstance(t.input_workers, int) or t.input_workers < 0:
+        raise ConfigError(
+            f"train.input_workers: expected 0 (a thread) or a number of processes, got {t.input_workers!r}"
+        )
     if t.dropout_removal_step < 0:
         raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
     if not 0 < t.startup_timeout_s < math.inf:

@@ -84,27 +84,32 @@ def host_steps(
     micro_batch: int,
     rank: int,
     world: int,
-    mask: Callable[[Rows, np.ndarray], dict],
+    mask: Callable[[Rows, np.ndarray], dict] | None = None,
+    mask_step: Callable[[Rows, np.ndarray], list[dict]] | None = None,
     stream: DataStream | ExampleOrder | None = None,
 ) -> Iterator[tuple[list[Rows], list[dict]]]:
     """(rows, masked micro-batches) of this worker for `steps` steps from data position `position`, in the order of
     `stream` (default: the reader's). It ends early before a step that reaches past the stream's decided epochs.
 
-    `mask(rows, epochs)` masks one micro-batch (each row under its own epoch's seed).
+    `mask(rows, epochs)` masks one micro-batch (each row under its own epoch's seed); or `mask_step(rows, epochs)`
+    masks the worker's rows of a step into its micro-batches in one call.
     """
+    if (mask is None) == (mask_step is None):
+        raise ValueError("host_steps: give one of mask (per micro-batch) and mask_step (per step)")
     stream = stream or reader.order
     for step in range(steps):
         first = position + step * global_batch
         if first + global_batch > stream.end:
             return
         mine = worker_positions(first, global_batch, rank, world)
-        rows_list, micro = [], []
-        for start in range(mine.start, mine.stop, micro_batch):
-            rows, epochs = stream.rows_at(np.arange(start, start + micro_batch))
-            part = reader.read(rows)
-            rows_list.append(part)
-            micro.append(mask(part, epochs))
-        yield rows_list, micro
+        rows, epochs = stream.rows_at(np.arange(mine.start, mine.stop))
+        part = reader.read(rows)
+        groups = [slice(a, a + micro_batch) for a in range(0, len(rows), micro_batch)]
+        rows_list = [{name: column[group] for name, column in part.items()} for group in groups]
+        if mask_step is not None:
+            yield rows_list, mask_step(part, epochs)
+        else:
+            yield rows_list, [mask(rows_, epochs[group]) for rows_, group in zip(rows_list, groups, strict=True)]
 
 
 class Prefetch:

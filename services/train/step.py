@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from albert_core.batch import mlm_batch
+from albert_core.batch import mlm_batches
 from albert_core.config import AlbertConfig
 from albert_core.masking import IGNORE_INDEX
 from albert_core.model import AlbertForPreTraining
@@ -37,21 +37,30 @@ def make_micro_batch(
     rows: dict[str, np.ndarray], *, seed: int, epoch: int, ids: TokenIds, data: DataSection
 ) -> dict[str, torch.Tensor]:
     """Mask a micro-batch of shard rows (dynamic, seeded per example and epoch) into CPU tensors."""
-    for i, row in enumerate(rows["input_ids"]):
-        example = int(rows["example_id"][i])
-        where = f"example {example} (shard {example >> 32}, row {example & 0xFFFFFFFF})"
-        if len(row) > data.max_seq_length:
-            raise ValueError(f"{where} has {len(row)} tokens, more than data.max_seq_length={data.max_seq_length}")
-        if len(row) and (int(np.max(row)) >= ids.vocab_size or int(np.min(row)) < 0):
-            raise ValueError(f"{where} has token id {int(np.max(row))}, outside the vocabulary of {ids.vocab_size}")
+    return make_micro_batches(rows, seed=seed, epoch=epoch, ids=ids, data=data, micro_batch=None)[0]
+
+
+def make_micro_batches(
+    rows: dict[str, np.ndarray],
+    *,
+    seed: int,
+    epoch: int | np.ndarray,
+    ids: TokenIds,
+    data: DataSection,
+    micro_batch: int | None,
+) -> list[dict[str, torch.Tensor]]:
+    """`make_micro_batch` of each run of `micro_batch` rows (None: one micro-batch of all), masked in one call:
+    a worker's rows of a whole step at once (albert_core.batch.mlm_batches)."""
+    check_shard_rows(rows, ids, data)
     if data.sop_order == "epoch":
         rows = redraw_orders(rows, seed=seed, epoch=epoch)
-    batch = mlm_batch(
+    batches = mlm_batches(
         rows["input_ids"],
         rows["token_type_ids"],
         rows["pair_label"],
         rows["word_starts"],
         rows["example_id"],
+        micro_batch=micro_batch,
         seed=seed,
         epoch=epoch,
         seq_len=data.max_seq_length if data.static_shapes else None,
@@ -62,7 +71,28 @@ def make_micro_batch(
         mask_prob=data.mask_prob,
         max_ngram=data.max_ngram,
     )
-    return {k: torch.from_numpy(v) for k, v in batch.items()}
+    return [{k: torch.from_numpy(v) for k, v in batch.items()} for batch in batches]
+
+
+def check_shard_rows(rows: dict[str, np.ndarray], ids: TokenIds, data: DataSection) -> None:
+    """Every row fits data.max_seq_length and the vocabulary; the first that does not is named."""
+    lengths = np.fromiter((len(row) for row in rows["input_ids"]), dtype=np.int64, count=len(rows["input_ids"]))
+    highest, lowest = np.zeros_like(lengths), np.zeros_like(lengths)
+    filled = np.flatnonzero(lengths > 0)
+    if filled.size:
+        tokens = np.concatenate([rows["input_ids"][i] for i in filled])
+        starts = np.cumsum(lengths[filled]) - lengths[filled]
+        highest[filled], lowest[filled] = np.maximum.reduceat(tokens, starts), np.minimum.reduceat(tokens, starts)
+    too_long = lengths > data.max_seq_length
+    outside = (lengths > 0) & ((highest >= ids.vocab_size) | (lowest < 0))
+    if not (too_long | outside).any():
+        return
+    i = int(np.argmax(too_long | outside))
+    example = int(rows["example_id"][i])
+    where = f"example {example} (shard {example >> 32}, row {example & 0xFFFFFFFF})"
+    if too_long[i]:
+        raise ValueError(f"{where} has {lengths[i]} tokens, more than data.max_seq_length={data.max_seq_length}")
+    raise ValueError(f"{where} has token id {int(highest[i])}, outside the vocabulary of {ids.vocab_size}")
 
 
 def redraw_orders(rows: dict[str, np.ndarray], *, seed: int, epoch: int | np.ndarray) -> dict[str, np.ndarray]:

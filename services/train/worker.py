@@ -21,7 +21,6 @@ training time, and after each step the learning-rate schedule moves to the share
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -40,7 +39,6 @@ from albert_core.unigram import UnigramBaseline, stored_file
 from services.run.checkpoints import checkpoint_dir
 from services.run.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
-from services.train.data import Prefetch, ShardRows, host_steps
 from services.train.follow import (
     EpochData,
     data_stream,
@@ -49,10 +47,11 @@ from services.train.follow import (
     record_trained_epochs,
     recorded_epochs,
 )
+from services.train.input import InputPlan, open_input
 from services.train.plan import ShardSet, WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
 from services.train.state import TrainerState
-from services.train.step import StepStats, initial_model, make_micro_batch, optimizer_for, step_seed
+from services.train.step import StepStats, initial_model, optimizer_for, step_seed
 
 log = logging.getLogger(__name__)
 RECENT_LOSSES = 20
@@ -222,13 +221,20 @@ def start_versions(worker: Worker, state: TrainerState) -> None:
     state.epoch = worker.stream.epoch_of(state.examples_seen)
 
 
-def decided_stream(worker: Worker, state: TrainerState) -> DataStream:
-    """The run's stream: the recorded epochs, then, for a run that does not follow its shard set, its last recorded
-    version under the mixture it is configured with now (a run that follows decides each epoch at its boundary)."""
+def decided_epochs(worker: Worker, state: TrainerState) -> tuple[list[EpochData], EpochData | None]:
+    """The run's decided epochs: the recorded ones, then (the tail), for a run that does not follow its shard set,
+    its last recorded version under the mixture it is configured with now (a run that follows decides each epoch at
+    its boundary)."""
     run = worker.plan.run
     epochs = recorded_epochs(state)
     tail = None if run.data.follow else EpochData.of(epochs[-1].version, run.data.mixture)
-    return data_stream(worker.shards, run.run.seed, epochs, tail=tail)
+    return epochs, tail
+
+
+def decided_stream(worker: Worker, state: TrainerState) -> DataStream:
+    """The example order of the run's decided epochs (decided_epochs)."""
+    epochs, tail = decided_epochs(worker, state)
+    return data_stream(worker.shards, worker.plan.run.run.seed, epochs, tail=tail)
 
 
 def follow_shard_set(worker: Worker, state: TrainerState) -> None:
@@ -247,33 +253,25 @@ def follow_shard_set(worker: Worker, state: TrainerState) -> None:
 
 @contextlib.contextmanager
 def input_steps(worker: Worker, state: TrainerState) -> Iterator[Iterator]:
-    """This worker's (rows, micro-batches) for every step left in the decided epochs, read and masked ahead by a
-    background thread."""
-    plan, run = worker.plan, worker.plan.run
-    t = run.train
+    """This worker's (rows, micro-batches) for every step left in the decided epochs, read and masked ahead of the
+    loop: by a thread, or by train.input_workers processes (services.train.input)."""
+    run = worker.plan.run
+    epochs, tail = decided_epochs(worker, state)
     worker.stream = decided_stream(worker, state)
-    mask = functools.partial(_mask, seed=run.run.seed, plan=plan)
-    source = host_steps(
-        ShardRows(worker.shards.files, worker.shards.order(worker.shards.version, run.run.seed)),
+    plan = InputPlan(
+        worker.shards,
+        run,
+        worker.plan.token_ids,
+        tuple(epochs),
+        tail,
         position=state.examples_seen,
         steps=max(0, run.optim.total_steps - state.step),
-        global_batch=t.global_batch_size,
-        micro_batch=t.micro_batch_size,
         rank=worker.rank,
         world=worker.world,
-        mask=mask,
-        stream=worker.stream,
     )
-    prefetch = Prefetch(source, depth=2)
-    try:
-        with worker.backend.step_batches(prefetch) as steps:
+    with open_input(plan, workers=run.train.input_workers, pin=run.train.backend == "cuda") as ahead:
+        with worker.backend.step_batches(ahead) as steps:
             yield steps if not Clock.spent(run.train, state) else iter(())
-    finally:
-        prefetch.close()
-
-
-def _mask(rows, epochs, *, seed: int, plan: WorkerPlan):
-    return make_micro_batch(rows, seed=seed, epoch=epochs, ids=plan.token_ids, data=plan.run.data)
 
 
 # --- each step -----------------------------------------------------------------------------------------------

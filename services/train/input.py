@@ -1,0 +1,129 @@
+"""A worker's training input, ahead of its loop: each step's rows read in the run's example order and masked into
+its micro-batches in one call (services.train.data, albert_core.batch.mlm_batches), `depth` steps ahead.
+
+`train.input_workers` chooses where that work runs:
+
+- 0: a background thread of the training process (`Prefetch`). Reading and masking then share the process's GIL
+  with the loop's own Python (kernel launches, the optimizer).
+- N >= 1: N input processes (a torch DataLoader of spawned workers). Process k makes steps k, k + N, k + 2N, ...
+  of the same plan and the loader takes them in turn, so the loop gets exactly the steps, in the order, a thread
+  gives: the data position, resume and worker-count independence do not depend on N. Tensors come back through
+  shared memory.
+
+On CUDA (`pin`) the micro-batches arrive in pinned memory (the thread pins them; the loader's pin thread does for
+processes), so `tensor.to(device, non_blocking=True)` in the step copies without blocking the host.
+
+Every item is (rows, micro-batches) as `host_steps` yields it, each micro-batch's rows cut down to their example
+ids (what the loop reads of them: ALBERT_TRACE_EXAMPLES).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from albert_core.tokenization import TokenIds
+from services.run.config import RunConfig
+from services.train.data import Prefetch, ShardRows, host_steps
+from services.train.follow import EpochData, data_stream
+from services.train.plan import ShardSet
+from services.train.step import make_micro_batches
+
+HostStep = tuple[list[dict[str, np.ndarray]], list[dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """What a worker's input needs (picklable: input processes receive it): the shard set, the run, what each decided
+    epoch trains on (services.train.follow: the recorded epochs and, for a run that does not follow its shard set,
+    the `tail` every later epoch trains), and the worker's steps from data position `position`."""
+
+    shards: ShardSet
+    run: RunConfig
+    token_ids: TokenIds
+    epochs: tuple[EpochData, ...]
+    tail: EpochData | None
+    position: int
+    steps: int
+    rank: int
+    world: int
+
+    def items(self, *, first: int = 0, every: int = 1, pin: bool = False) -> Iterator[HostStep]:
+        """Steps first, first + every, ... of the plan; it ends before a step past the decided epochs."""
+        t = self.run.train
+        stream = data_stream(self.shards, self.run.run.seed, list(self.epochs), tail=self.tail)
+        reader = ShardRows(self.shards.files, self.shards.order(self.shards.version, self.run.run.seed))
+        mask_step = functools.partial(self._mask_step, micro_batch=t.micro_batch_size)
+        for step in range(first, self.steps, every):
+            one = host_steps(
+                reader,
+                position=self.position + step * t.global_batch_size,
+                steps=1,
+                global_batch=t.global_batch_size,
+                micro_batch=t.micro_batch_size,
+                rank=self.rank,
+                world=self.world,
+                mask_step=mask_step,
+                stream=stream,
+            )
+            item = next(one, None)
+            if item is None:
+                return
+            rows, micro = item
+            if pin:
+                micro = [{k: v.pin_memory() for k, v in batch.items()} for batch in micro]
+            yield [{"example_id": part["example_id"]} for part in rows], micro
+
+    def _mask_step(self, rows, epochs, *, micro_batch: int) -> list[dict[str, torch.Tensor]]:
+        return make_micro_batches(
+            rows, seed=self.run.run.seed, epoch=epochs, ids=self.token_ids, data=self.run.data, micro_batch=micro_batch
+        )
+
+
+class _StepsOfProcess(torch.utils.data.IterableDataset):
+    """The steps of one input process: k, k + N, ... (k, N from the DataLoader's worker info)."""
+
+    def __init__(self, plan: InputPlan):
+        self.plan = plan
+
+    def __iter__(self) -> Iterator[HostStep]:
+        info = torch.utils.data.get_worker_info()
+        first, every = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.plan.items(first=first, every=every)
+
+
+def _as_made(item: HostStep) -> HostStep:
+    return item  # not the loader's default, which would turn the example ids into tensors
+
+
+@contextlib.contextmanager
+def open_input(plan: InputPlan, *, workers: int, pin: bool, depth: int = 2) -> Iterator[Iterator[HostStep]]:
+    """The plan's steps, made `depth` ahead by a thread (workers = 0) or by `workers` input processes; whatever
+    makes them stops when the block is left."""
+    if workers == 0:
+        prefetch = Prefetch(plan.items(pin=pin), depth=depth)
+        try:
+            yield prefetch
+        finally:
+            prefetch.close()
+        return
+    loader = torch.utils.data.DataLoader(
+        _StepsOfProcess(plan),
+        batch_size=None,  # an item is a whole step, made by one process
+        num_workers=workers,
+        prefetch_factor=max(1, -(-depth // workers)),
+        collate_fn=_as_made,
+        pin_memory=pin,
+        multiprocessing_context="spawn",  # not fork: the training process runs threads (Ray, torch)
+        persistent_workers=False,
+    )
+    steps = iter(loader)
+    try:
+        yield steps
+    finally:
+        steps._shutdown_workers()  # noqa: SLF001 - stop the processes now, not when the iterator is collected
