@@ -1,12 +1,36 @@
-"""Input stall: training steps/s reading the shards as a worker does vs from tensors already in memory (target >= 0.95).
+"""The training input: how fast it makes masked batches (`--input-only`, no model) and whether it stalls the demo
+model's steps (the default).
 
-The same model, optimizer and step (`services.train.train_step`) run on the same shards, two ways:
+--input-only: rows/s of the input alone, next to what accelerators consume. Synthetic rows (no demo needed): full
+[CLS] A [SEP] B [SEP] pairs (90%, the rest a quarter to all of the length) of Zipf-distributed piece ids, three
+quarters of them word starts, at 128 and 512 tokens. Measured, with a worker's share of a step of `--step-rows`
+rows in micro-batches of 32 (glibc set to keep freed memory, as input processes run):
+
+- masker, per core: the rows masked per second in this process, `mlm_batch_per_row` on each micro-batch (the
+  per-row code the loop ran before) against `mlm_batches` on the step's rows at once (what it runs now), in
+  interleaved rounds; their ratio is the speed-up on the same rows in the same run
+- input, per worker: Parquet shards written to a temporary directory and read as a worker reads them
+  (services.train.input: the example order, rows by row group, masking), in the thread (input_workers = 0) and
+  in 1 and 2 input processes; rows/s after the first step (the start-up, printed apart)
+- demand: the rows/s an accelerator consumes at 50% of its dense bf16 peak, for the presets' shapes:
+      FLOPs/token = 3 x (forward)                                    (albert_core.model.estimate_flops_per_token)
+      forward = L x [2 x (4 H^2 + 2 H F)  +  4 T H]                  (matmuls: q, k, v, out, up, down; attention
+                                                                      scores and context, T = sequence length)
+                + 2 E H                                              (embedding projection E -> H)
+                + 0.15 x (2 H E + 2 E V)                             (MLM head on the 15% masked tokens)
+      rows/s = 0.5 x peak / (FLOPs/token x T),  peak: H200 989 TFLOP/s, TPU v4 chip 275 TFLOP/s
+  Sharing cuts parameters, not FLOPs. albert-base at 128 tokens on an H200: 3 x (12 x 14.55M + 0.20M + 1.19M)
+  = 0.528 GFLOP/token, so 494.5e12 / (0.528e9 x 128) = ~7,300 rows/s; the table prints each, with the headroom
+  (the input's best rows/s per worker / demand; target >= 2x).
+
+Default (the stall): training steps/s reading the shards as a worker does vs from tensors already in memory
+(target >= 0.95). The same model, optimizer and step (`services.train.train_step`) run on the same shards, two ways:
 
 - memory     the micro-batches read and masked before timing starts; each step only computes
-- stream     what a Ray Train worker does (services/train/data.py): the run's shuffled example order
-             (albert_core.data_order), rows read by Parquet row group (`ShardRows`), dynamic masking, all in a
-             background thread two steps ahead (`Prefetch`), then the same step; the time of a step includes waiting
-             for its batch
+- stream     what a Ray Train worker does (services/train/input.py): the run's shuffled example order
+             (albert_core.data_order), rows read by Parquet row group (`ShardRows`), dynamic masking, two steps
+             ahead in a background thread (`--input-workers 0`) or in input processes (`--input-workers N`), then
+             the same step; the time of a step includes waiting for its batch
 
 Blocks of `--steps` steps alternate (memory, stream, memory, stream, ...), so a busy neighbour slows both alike.
 Each stream block opens a new stream, as a (re)started worker does; its first step carries the stream's start-up
@@ -16,72 +40,220 @@ torch uses `--threads` (default: every core, as the 2 workers of the demo do tog
 compete with compute for the CPUs.
 
 The model is the `--recipe` (default tiny, the demo's model: the fastest step, where an input stall shows most) with
-its micro-batch size; the shards default to the demo's (run `albert demo` once to make them).
+its micro-batch size; the shards default to the demo's (run `albert demo` once to make them), or `--synthetic` writes
+128-token shards of an 8,000-piece vocabulary to a temporary directory.
 
-    python bench/bench_input.py [--shards DIR] [--recipe tiny] [--steps 10] [--rounds 2] [--threads N]
+    python bench/bench_input.py --input-only [--step-rows 512] [--rows 4096] [--rounds 3] [--workers 0,1,2]
+    python bench/bench_input.py [--shards DIR | --synthetic] [--recipe tiny] [--steps 10] [--rounds 2]
+                                [--threads N] [--input-workers 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from albert_core.data_order import ExampleOrder
-from albert_core.model import AlbertForPreTraining
+from albert_core.batch import mlm_batch_per_row, mlm_batches
+from albert_core.config import AlbertConfig
+from albert_core.model import AlbertForPreTraining, estimate_flops_per_token
+from albert_core.shards import EXAMPLE_SCHEMA, example_id
+from albert_core.tokenization import TokenIds
 from services.run.config import RunConfig
-from services.train.data import Prefetch, ShardRows, host_steps
-from services.train.plan import resolve_token_ids
-from services.train.step import make_micro_batch, optimizer_for, train_step
+from services.train.follow import EpochData
+from services.train.input import InputPlan, keep_freed_memory, open_input
+from services.train.plan import ShardSet, resolve_token_ids
+from services.train.step import optimizer_for, train_step
 
 DEFAULT_SHARDS = Path(".cache/albert/sample-shards-8000-128")
+VERSION_1 = EpochData.of(1, {})  # every epoch on the shard set's first (only) version
+MICRO_BATCH = 32
+SPECIAL = frozenset((0, 1, 2, 3, 4))  # ALBERT's pad, unk, [CLS], [SEP], [MASK]
+PEAK = {"H200": 989e12, "TPU v4": 275e12}  # dense bf16 FLOP/s
+PRESETS = ("albert-base", "albert-large", "albert-xxlarge")
+MFU = 0.5
 
 
-def stream(files: list[Path], run: RunConfig, masked, steps: int) -> Prefetch:
+# --- synthetic rows and shards ------------------------------------------------------------------------------------
+
+
+def realistic_rows(n: int, length: int, rng: np.random.Generator, *, vocab: int = 30_000, first: int = 0):
+    """n rows as `ShardRows.read` returns them (object columns of arrays): [CLS] A [SEP] B [SEP], 90% of them full
+    length, Zipf-distributed pieces, three quarters of them word starts."""
+    columns: dict[str, list] = {name: [] for name in ("input_ids", "token_type_ids", "word_starts")}
+    for _ in range(n):
+        size = length if rng.random() < 0.9 else int(rng.integers(length // 4, length))
+        n_a = int(rng.integers(1, size - 3))
+        pieces = (rng.zipf(1.3, size - 3) - 1) % (vocab - 5) + 5
+        starts = rng.random(size) < 0.75
+        starts[[0, n_a + 1, size - 1]] = True
+        columns["input_ids"].append(np.concatenate([[2], pieces[:n_a], [3], pieces[n_a:], [3]]).astype(np.int32))
+        columns["token_type_ids"].append(np.r_[np.zeros(n_a + 2, np.int8), np.ones(size - n_a - 2, np.int8)])
+        columns["word_starts"].append(starts)
+    rows = {name: np.empty(n, dtype=object) for name in columns}
+    for name, values in columns.items():
+        rows[name][:] = values
+    rows["example_id"] = np.arange(first, first + n, dtype=np.int64)
+    rows["pair_label"] = rng.integers(0, 2, n).astype(np.int8)
+    return rows
+
+
+def write_shards(directory: Path, *, length: int, rows_per_file: int, files: int, vocab: int) -> ShardSet:
+    """Parquet shards of `realistic_rows` in the preprocessor's schema, as one part."""
+    train = directory / "train"
+    train.mkdir(parents=True)
+    rng = np.random.default_rng(length)
+    paths = []
+    for f in range(files):
+        rows = realistic_rows(rows_per_file, length, rng, vocab=vocab)
+        rows["example_id"] = np.asarray([example_id(f, r) for r in range(rows_per_file)], dtype=np.int64)
+        table = pa.table({name: list(rows[name]) if rows[name].dtype == object else rows[name]
+                          for name in EXAMPLE_SCHEMA.names}, schema=EXAMPLE_SCHEMA)  # fmt: skip
+        path = train / f"shard-{f:05d}.parquet"
+        pq.write_table(table, path, row_group_size=1024)
+        paths.append(str(path))
+    return ShardSet(str(directory), tuple(paths), (rows_per_file,) * files, (files,), ("part-0",), ("",) * files)
+
+
+# --- --input-only --------------------------------------------------------------------------------------------------
+
+
+def masker_rates(length: int, n_rows: int, step_rows: int, rounds: int) -> dict[str, float]:
+    """Rows/s of the per-row masker on each micro-batch and of the batch masker on each step's rows, this process."""
+    rows = realistic_rows(n_rows, length, np.random.default_rng(length))
+    options = {"seed": 1, "epoch": 0, "seq_len": None, "vocab_size": 30_000, "special_ids": SPECIAL, "mask_id": 4}
+    columns = [rows[name] for name in ("input_ids", "token_type_ids", "pair_label", "word_starts", "example_id")]
+
+    def per_row() -> None:
+        for a in range(0, n_rows, MICRO_BATCH):
+            mlm_batch_per_row(*(c[a : a + MICRO_BATCH] for c in columns), **options)
+
+    def batched() -> None:
+        for a in range(0, n_rows, step_rows):
+            mlm_batches(*(c[a : a + step_rows] for c in columns), micro_batch=MICRO_BATCH, **options)
+
+    return interleaved({"per-row (before)": per_row, "batch (now)": batched}, n_rows, rounds)
+
+
+def interleaved(variants: dict[str, Callable[[], None]], n_rows: int, rounds: int) -> dict[str, float]:
+    """Median rows/s of each variant over interleaved rounds (after one warm-up round)."""
+    for fn in variants.values():
+        fn()
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: n_rows / statistics.median(values) for name, values in seconds.items()}
+
+
+def input_rates(shards: ShardSet, length: int, step_rows: int, steps: int, workers: list[int], rounds: int):
+    """{processes: (rows/s, seconds to the first step)} of a worker's input, per number of input processes (0: the
+    thread), medians of interleaved rounds. The rate leaves out the first 2 steps of each process: spawned processes
+    start together, in about a second and a half each, while the first step is already out."""
+    run = RunConfig()
+    run.train = dataclasses.replace(run.train, global_batch_size=step_rows, micro_batch_size=MICRO_BATCH)
+    run.data = dataclasses.replace(run.data, max_seq_length=length)
+    plan = InputPlan(shards, run, TokenIds(vocab_size=30_000), (VERSION_1,), VERSION_1, 0, steps, rank=0, world=1)
+    measured: dict[int, list[tuple[float, float]]] = {n: [] for n in workers}
+    for _ in range(rounds):
+        for n in workers:
+            start = time.perf_counter()
+            with open_input(plan, workers=n, pin=False) as items:
+                next(items)
+                first = time.perf_counter()
+                for _ in range(2 * max(n, 1) - 1):
+                    next(items)
+                warm = time.perf_counter()
+                made = sum(1 for _ in items)
+                end = time.perf_counter()
+            measured[n].append((made * step_rows / (end - warm), first - start))
+    return {n: tuple(statistics.median(v) for v in zip(*values, strict=True)) for n, values in measured.items()}
+
+
+def demand(preset: str, length: int, device: str) -> tuple[float, float]:
+    """(GFLOP per token, rows/s) an accelerator trains at MFU of its peak, for the preset at this length."""
+    config = AlbertConfig.preset(preset, vocab_size=30_000)
+    flops = estimate_flops_per_token(config, length, mlm_fraction=0.15)
+    return flops / 1e9, MFU * PEAK[device] / (flops * length)
+
+
+def input_only(args) -> None:
+    keep_freed_memory()  # as in input processes
+    workers = [int(w) for w in args.workers.split(",")]
+    print(f"numpy {np.__version__}, torch {torch.__version__}; {args.rows} rows per masker round, steps of "
+          f"{args.step_rows} rows in micro-batches of {MICRO_BATCH}; on a shared 2-core machine")  # fmt: skip
+    best: dict[int, float] = {}
+    print("\n| tokens | masker before (rows/s/core) | masker now (rows/s/core) | x | "
+          + " | ".join(f"input, {'thread' if n == 0 else f'{n} process' + 'es' * (n > 1)} (rows/s/worker)"
+                       for n in workers) + " |")  # fmt: skip
+    print("|---|---|---|---|" + "---|" * len(workers))
+    with tempfile.TemporaryDirectory() as tmp:
+        for length in (128, 512):
+            masker = masker_rates(length, args.rows, args.step_rows, args.rounds)
+            before, now = masker["per-row (before)"], masker["batch (now)"]
+            shards = write_shards(Path(tmp) / str(length), length=length, rows_per_file=args.step_rows * 8, files=4,
+                                  vocab=30_000)  # fmt: skip
+            rates = input_rates(shards, length, args.step_rows, args.input_steps, workers, args.rounds)
+            best[length] = max(rate for rate, _ in rates.values())
+            cells = " | ".join(f"{rate:,.0f} (start-up {startup:.1f} s)" for rate, startup in rates.values())
+            print(f"| {length} | {before:,.0f} | {now:,.0f} | {now / before:.2f} | {cells} |")
+    print("\n| preset | accelerator (50% of bf16 peak) | tokens | GFLOP/token | rows/s consumed | input rows/s | "
+          "headroom |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for preset in PRESETS:
+        for device in PEAK:
+            for length in (128, 512):
+                gflop, rows = demand(preset, length, device)
+                print(f"| {preset} | {device} | {length} | {gflop:.3f} | {rows:,.0f} | {best[length]:,.0f} | "
+                      f"{best[length] / rows:.1f}x |")  # fmt: skip
+
+
+# --- the stall, with the demo model ---------------------------------------------------------------------------------
+
+
+def stream(shards: ShardSet, run: RunConfig, ids: TokenIds, steps: int, workers: int):
     """A worker's input for `steps` steps of one micro-batch: rank 0 of 1 from data position 0."""
-    order = ExampleOrder(tuple(pq.ParquetFile(f).metadata.num_rows for f in files), run.run.seed)
-    batch = run.train.micro_batch_size
-    source = host_steps(
-        ShardRows([str(f) for f in files], order),
-        position=0,
-        steps=steps,
-        global_batch=batch,
-        micro_batch=batch,
-        rank=0,
-        world=1,
-        mask=masked,
+    run = dataclasses.replace(run, train=dataclasses.replace(run.train, global_batch_size=run.train.micro_batch_size))
+    return open_input(
+        InputPlan(shards, run, ids, (VERSION_1,), VERSION_1, 0, steps, rank=0, world=1), workers=workers, pin=False
     )
-    return Prefetch(source, depth=2)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=Path, default=DEFAULT_SHARDS, help="an `albert preprocess` output directory")
-    parser.add_argument("--recipe", default="tiny", help="run config whose model and micro-batch size are used")
-    parser.add_argument("--steps", type=int, default=10, help="steps per block")
-    parser.add_argument("--rounds", type=int, default=2, help="memory + stream block pairs")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, every core)")
-    args = parser.parse_args()
-    files = sorted((args.shards / "train").glob("shard-*.parquet"))
+def shard_set(directory: Path) -> ShardSet:
+    files = tuple(str(f) for f in sorted((directory / "train").glob("shard-*.parquet")))
     if not files:
-        sys.exit(
-            f"--shards: no train/shard-*.parquet under {args.shards}; run `albert demo` once, or pass --shards DIR"
-        )
+        sys.exit(f"--shards: no train/shard-*.parquet under {directory}; run `albert demo` once, or pass --synthetic")
+    rows = tuple(pq.ParquetFile(f).metadata.num_rows for f in files)
+    return ShardSet(str(directory), files, rows, (len(files),), ("part-0",), ("",) * len(files))
+
+
+def stall(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
-
     run = RunConfig.load(args.recipe)
-    ids = resolve_token_ids(args.shards, run)
-    batch_size = run.train.micro_batch_size
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.synthetic:
+            shards = write_shards(Path(tmp), length=run.data.max_seq_length, rows_per_file=4096, files=2, vocab=8000)
+            ids = TokenIds(vocab_size=8000)
+        else:
+            shards, ids = shard_set(args.shards), resolve_token_ids(args.shards, run)
+        modes = [int(w) for w in args.input_workers.split(",")]
+        stall_rounds(args, run, shards, ids, modes)
 
-    def masked(rows, epochs):
-        return make_micro_batch(rows, seed=run.run.seed, epoch=epochs, ids=ids, data=run.data)
 
+def stall_rounds(args, run: RunConfig, shards: ShardSet, ids: TokenIds, modes: list[int]) -> None:
     torch.manual_seed(run.run.seed)
     model = AlbertForPreTraining(run.model_config(ids.vocab_size))
     model.train()
@@ -90,54 +262,88 @@ def main() -> None:
     def step(batch) -> None:
         train_step(model, optimizer, scheduler, [batch], grad_clip=run.optim.grad_clip)
 
-    with stream(files, run, masked, args.steps) as ahead:
+    with stream(shards, run, ids, args.steps, 0) as ahead:
         in_memory = [micro[0] for _, micro in ahead]  # the same batches the stream gives
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {run.model.preset}, micro-batch {batch_size} x "
-        f"<= {run.data.max_seq_length}; {len(files)} shard files in {args.shards}; {args.rounds} rounds of "
-        f"{args.steps} steps each way"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {run.model.preset}, micro-batch "
+        f"{run.train.micro_batch_size} x <= {run.data.max_seq_length}; {len(shards.files)} shard files in "
+        f"{shards.directory}; {args.rounds} rounds of {args.steps} steps each way; input in "
+        + ", ".join("the thread" if n == 0 else f"{n} process(es)" for n in modes)
     )
     for batch in in_memory[:2]:  # warm-up: allocator, first-step optimizer state
         step(batch)
-
     memory_s: list[float] = []
-    stream_s: list[float] = []  # every stream step after a block's first: batch wait + masking + compute
-    input_s: list[float] = []  # the part of those spent waiting for the batch and masking it
-    first_s: list[float] = []  # the first step of each stream block (the stream's start-up)
+    timed = {n: {"stream": [], "input": [], "first": [], "compute": []} for n in modes}
     for _ in range(args.rounds):
         for batch in in_memory:
             start = time.perf_counter()
             step(batch)
             memory_s.append(time.perf_counter() - start)
-        with stream(files, run, masked, args.steps) as steps:
-            for i in range(args.steps):
-                start = time.perf_counter()
-                _, (batch,) = next(steps)
-                ready = time.perf_counter()
-                step(batch)
-                end = time.perf_counter()
-                if i == 0:
-                    first_s.append(end - start)
-                else:
-                    stream_s.append(end - start)
-                    input_s.append(ready - start)
+        for n in modes:
+            with stream(shards, run, ids, args.steps, n) as steps:
+                for i in range(args.steps):
+                    start = time.perf_counter()
+                    _, (batch,) = next(steps)
+                    ready = time.perf_counter()
+                    step(batch)
+                    end = time.perf_counter()
+                    if i == 0:
+                        timed[n]["first"].append(end - start)
+                    else:
+                        timed[n]["stream"].append(end - start)
+                        timed[n]["input"].append(ready - start)
+                        timed[n]["compute"].append(end - ready)
+    report_stall(memory_s, timed, args.steps)
 
-    memory_rate = len(memory_s) / sum(memory_s)
-    steady_rate = len(stream_s) / sum(stream_s)
-    full_rate = (len(stream_s) + len(first_s)) / (sum(stream_s) + sum(first_s))
-    within = 1 - sum(input_s) / sum(stream_s)
-    print(f"memory  {memory_rate:6.2f} steps/s (median step {statistics.median(memory_s) * 1e3:.0f} ms)")
-    print(
-        f"stream  {steady_rate:6.2f} steps/s steady (median step {statistics.median(stream_s) * 1e3:.0f} ms, of which "
-        f"waiting for the batch: median {statistics.median(input_s) * 1e3:.1f} ms, max "
-        f"{max(input_s) * 1e3:.1f} ms); {full_rate:.2f} steps/s with each block's first step (start-up median "
-        f"{statistics.median(first_s):.2f} s)"
-    )
-    print(
-        f"input stall ratio stream / memory, block against block: {steady_rate / memory_rate:.3f} steady, "
-        f"{full_rate / memory_rate:.3f} with a new stream's start-up every {args.steps} steps (noisy when busy)"
-    )
-    print(f"input stall ratio within the stream's steps (compute / whole step): {within:.3f} (target >= 0.95)")
+
+def report_stall(memory_s: list[float], timed: dict[int, dict[str, list[float]]], steps: int) -> None:
+    """Steps/s of each way, and two stall ratios; with input in the thread and in processes, the compute time of
+    the same steps against the memory blocks' (the input's cost to the step beyond waiting: the GIL, the cores)."""
+    memory_rate, memory_median = len(memory_s) / sum(memory_s), statistics.median(memory_s)
+    print(f"memory  {memory_rate:6.2f} steps/s (median step {memory_median * 1e3:.1f} ms)")
+    for n, t in timed.items():
+        where = "thread " if n == 0 else f"{n} proc "
+        stream_s, input_s, first_s = t["stream"], t["input"], t["first"]
+        steady_rate = len(stream_s) / sum(stream_s)
+        full_rate = (len(stream_s) + len(first_s)) / (sum(stream_s) + sum(first_s))
+        within = 1 - sum(input_s) / sum(stream_s)
+        compute = statistics.median(t["compute"])
+        print(
+            f"{where} {steady_rate:6.2f} steps/s steady (median step {statistics.median(stream_s) * 1e3:.1f} ms, of "
+            f"which waiting for the batch: median {statistics.median(input_s) * 1e3:.1f} ms, max "
+            f"{max(input_s) * 1e3:.1f} ms; compute median {compute * 1e3:.1f} ms, "
+            f"{100 * (compute / memory_median - 1):+.1f}% vs memory); {full_rate:.2f} steps/s with each block's "
+            f"first step (start-up median {statistics.median(first_s):.2f} s)"
+        )
+        print(
+            f"        stall ratio stream / memory, block against block: {steady_rate / memory_rate:.3f} steady, "
+            f"{full_rate / memory_rate:.3f} with a new stream's start-up every {steps} steps (noisy when busy); "
+            f"within the stream's steps (compute / whole step): {within:.3f} (target >= 0.95)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input-only", action="store_true", help="the input's rows/s without a model, and demand")
+    parser.add_argument("--step-rows", type=int, default=512, help="--input-only: a worker's rows per step")
+    parser.add_argument("--rows", type=int, default=4096, help="--input-only: rows per masker round")
+    parser.add_argument("--input-steps", type=int, default=64, help="--input-only: steps per input measurement")
+    parser.add_argument("--workers", default="0,1,2", help="--input-only: input processes to measure (0: thread)")
+    parser.add_argument("--shards", type=Path, default=DEFAULT_SHARDS, help="an `albert preprocess` output directory")
+    parser.add_argument("--synthetic", action="store_true", help="write synthetic 128-token shards instead")
+    parser.add_argument("--recipe", default="tiny", help="run config whose model and micro-batch size are used")
+    parser.add_argument("--steps", type=int, default=10, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default: 3 --input-only, else 2)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, every core)")
+    parser.add_argument("--input-workers", default="0", help="input processes of each stream block (0: thread), "
+                        "e.g. 0,1 to compare")  # fmt: skip
+    args = parser.parse_args()
+    if args.input_only:
+        args.rounds = args.rounds or 3
+        input_only(args)
+    else:
+        args.rounds = args.rounds or 2
+        stall(args)
 
 
 if __name__ == "__main__":

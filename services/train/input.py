@@ -20,7 +20,9 @@ ids (what the loop reads of them: ALBERT_TRACE_EXAMPLES).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -86,18 +88,83 @@ class InputPlan:
 
 
 class _StepsOfProcess(torch.utils.data.IterableDataset):
-    """The steps of one input process: k, k + N, ... (k, N from the DataLoader's worker info)."""
+    """The steps of one input process: k, k + N, ... (k, N from the DataLoader's worker info), packed."""
 
     def __init__(self, plan: InputPlan):
         self.plan = plan
 
-    def __iter__(self) -> Iterator[HostStep]:
+    def __iter__(self) -> Iterator[PackedStep]:
         info = torch.utils.data.get_worker_info()
         first, every = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.plan.items(first=first, every=every)
+        for rows, micro in self.plan.items(first=first, every=every):
+            yield PackedStep.pack(rows, micro)
 
 
-def _as_made(item: HostStep) -> HostStep:
+@dataclass(frozen=True)
+class PackedStep:
+    """A step from an input process: its micro-batches' tensors in one byte buffer, each in the narrowest integer
+    type that holds its values, and where each lies in it (key, the tensor's dtype, the stored dtype, shape, offset).
+
+    The loader pickles the numpy buffer through its pipe. Narrow types cut it about 3x (ids and labels fit int32,
+    masks and token types int8); a thread of the training process widens them again (`unpack`). The loader's
+    default, a shared-memory segment per tensor, measured slower here: page faults on every new segment."""
+
+    rows: list[dict[str, np.ndarray]]
+    data: np.ndarray  # uint8
+    layout: tuple[tuple[tuple[str, torch.dtype, np.dtype, tuple[int, ...], int], ...], ...]
+
+    @classmethod
+    def pack(cls, rows: list[dict[str, np.ndarray]], micro: list[dict[str, torch.Tensor]]) -> PackedStep:
+        arrays = [{key: _narrow(tensor.numpy()) for key, tensor in batch.items()} for batch in micro]
+        layout, offset = [], 0
+        for batch, narrow in zip(micro, arrays, strict=True):
+            layout.append([])
+            for key, array in narrow.items():
+                layout[-1].append((key, batch[key].dtype, array.dtype, array.shape, offset))
+                offset += array.nbytes
+        data = np.empty(offset, dtype=np.uint8)
+        for narrow, places in zip(arrays, layout, strict=True):
+            for array, (*_, at) in zip(narrow.values(), places, strict=True):
+                data[at : at + array.nbytes] = array.reshape(-1).view(np.uint8)
+        return cls(rows, data, tuple(tuple(places) for places in layout))
+
+    def unpack(self, *, pin: bool = False) -> HostStep:
+        """The step's micro-batches in their own dtypes (in pinned memory with `pin`)."""
+        micro = []
+        for places in self.layout:
+            batch = {}
+            for key, dtype, stored, shape, at in places:
+                narrow = torch.from_numpy(self.data[at : at + math.prod(shape) * stored.itemsize].view(stored))
+                batch[key] = torch.empty(shape, dtype=dtype, pin_memory=pin).copy_(narrow.view(shape))
+            micro.append(batch)
+        return self.rows, micro
+
+
+def _narrow(array: np.ndarray) -> np.ndarray:
+    """An integer array in the narrowest of int8, int16, int32 that holds its values (else as it is)."""
+    if array.dtype.kind not in "iu" or array.size == 0:
+        return array
+    low, high = int(array.min()), int(array.max())
+    for dtype in (np.int8, np.int16, np.int32):
+        if np.iinfo(dtype).min <= low and high <= np.iinfo(dtype).max:
+            return array.astype(dtype)
+    return array
+
+
+def keep_freed_memory(_worker_id: int = 0) -> None:
+    """Make glibc keep freed blocks of up to 32 MiB in the process instead of returning them to the system: the
+    masker's numpy temporaries are such blocks, allocated again every step, and each return costs page faults on the
+    next allocation (bench/bench_input.py --input-only measures the difference). For input processes, which only
+    read and mask; elsewhere (not glibc) it does nothing."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks below this come from the heap
+    libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD: the heap keeps this much free memory
+
+
+def _as_made(item):
     return item  # not the loader's default, which would turn the example ids into tensors
 
 
@@ -118,12 +185,14 @@ def open_input(plan: InputPlan, *, workers: int, pin: bool, depth: int = 2) -> I
         num_workers=workers,
         prefetch_factor=max(1, -(-depth // workers)),
         collate_fn=_as_made,
-        pin_memory=pin,
+        worker_init_fn=keep_freed_memory,
         multiprocessing_context="spawn",  # not fork: the training process runs threads (Ray, torch)
         persistent_workers=False,
     )
     steps = iter(loader)
+    unpacked = Prefetch((packed.unpack(pin=pin) for packed in steps), depth=1)  # widened (and pinned) off the loop
     try:
-        yield steps
+        yield unpacked
     finally:
+        unpacked.close()
         steps._shutdown_workers()  # noqa: SLF001 - stop the processes now, not when the iterator is collected
