@@ -42,6 +42,7 @@ import numpy as np
 
 BLOCK_ROWS = 128
 WINDOW_ROWS = 1 << 16
+_PIECE = 1 << 20  # blocks handled together when an epoch's windows are found
 
 
 @dataclass(frozen=True)
@@ -83,33 +84,39 @@ class ExampleOrder:
         return np.concatenate([[0], np.cumsum(self.rows_per_file)]).astype(np.int64)
 
     @functools.cached_property
-    def _blocks(self) -> np.ndarray:
-        """(start, stop) global row ranges of the blocks, file by file; a block never spans two files."""
-        blocks = []
-        for f, rows in enumerate(self.rows_per_file):
-            starts = np.arange(0, rows, self.block_rows, dtype=np.int64) + self.offsets[f]
-            blocks.append(np.stack([starts, np.minimum(starts + self.block_rows, self.offsets[f + 1])], axis=1))
-        return np.concatenate(blocks)
+    def _file_blocks(self) -> np.ndarray:
+        """Index of each file's first block (and the total at the end): blocks are numbered file by file."""
+        per_file = -(-np.asarray(self.rows_per_file, dtype=np.int64) // self.block_rows)
+        return np.concatenate([[0], np.cumsum(per_file)]).astype(np.int64)
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self._file_blocks[-1])
+
+    def block_rows_of(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(start, stop) global row ranges of these blocks (by number); a block never spans two files."""
+        files = np.searchsorted(self._file_blocks, blocks, side="right") - 1
+        start = self.offsets[files] + (blocks - self._file_blocks[files]) * self.block_rows
+        return start, np.minimum(start + self.block_rows, self.offsets[files + 1])
 
     def _epoch_blocks(self, epoch: int) -> np.ndarray:
-        """The blocks an epoch trains on, in order: all of them once, or a weighted draw per part."""
-        blocks = self._blocks
-        if self.weights is not None:
-            blocks = self._weighted_draw(epoch)
-        return blocks[np.random.default_rng([self.seed, epoch, 0]).permutation(len(blocks))]
+        """The numbers of the blocks an epoch trains on, in order: all of them once, or a weighted draw per part."""
+        n = self.num_blocks if self.weights is None else None
+        blocks = None if self.weights is None else self._weighted_draw(epoch)
+        order = np.random.default_rng([self.seed, epoch, 0]).permutation(n if blocks is None else len(blocks))
+        return _compact(order if blocks is None else blocks[order])  # every block once: the order is the blocks
 
-    @functools.cached_property
-    def _part_of_block(self) -> np.ndarray:
-        file_of_block = np.searchsorted(self.offsets, self._blocks[:, 0], side="right") - 1
-        part_of_file = np.repeat(np.arange(len(self.part_files) or 1), self.part_files or [len(self.rows_per_file)])
-        return part_of_file[file_of_block]
+    def _part_blocks(self) -> np.ndarray:
+        """Index of each part's first block (and the total at the end): a part is a run of whole files."""
+        part_files = np.concatenate([[0], np.cumsum(self.part_files or [len(self.rows_per_file)])])
+        return self._file_blocks[part_files]
 
     @functools.cached_property
     def shares(self) -> np.ndarray:
         """Blocks each part is owed per epoch: all blocks x its ratio (weight / sum of the weights)."""
         if self.weights is None:
             raise ValueError("ExampleOrder: shares are those of a weighted order")
-        return len(self._blocks) * np.asarray(self.weights, dtype=np.float64) / sum(self.weights)
+        return self.num_blocks * np.asarray(self.weights, dtype=np.float64) / sum(self.weights)
 
     def blocks_through(self, epochs: int) -> np.ndarray:
         """Blocks drawn from each part in the first `epochs` epochs of a weighted order: its share over those
@@ -124,32 +131,46 @@ class ExampleOrder:
         if self.weights is None:
             return self.num_examples
         parts = len(self.part_files) or 1
-        blocks = np.bincount(self._part_of_block, minlength=parts)
-        rows = np.bincount(self._part_of_block, weights=self._blocks[:, 1] - self._blocks[:, 0], minlength=parts)
+        blocks = np.diff(self._part_blocks())
+        part_files = np.concatenate([[0], np.cumsum(self.part_files or [len(self.rows_per_file)])])
+        rows = np.diff(self.offsets[part_files]).astype(np.float64)
         per_block = np.divide(rows, blocks, out=np.zeros(parts), where=blocks > 0)
         epochs = math.ceil(examples / max(float(self.shares @ per_block), 1.0))
         return int(np.minimum(rows, self.blocks_through(epochs) * per_block).sum())
 
     def _weighted_draw(self, epoch: int) -> np.ndarray:
         wanted_per_part = self.blocks_through(epoch + 1) - self.blocks_through(epoch)
+        bounds = self._part_blocks()
         drawn = []
         for part, wanted in enumerate(wanted_per_part.tolist()):
-            mine = np.flatnonzero(self._part_of_block == part)
+            mine = np.arange(bounds[part], bounds[part + 1])
             copies, rest = divmod(wanted, len(mine)) if len(mine) else (0, 0)
             rng = np.random.default_rng([self.seed, epoch, 2, part])
             drawn += [mine] * copies + [rng.choice(mine, size=rest, replace=False)]
-        return self._blocks[np.concatenate(drawn).astype(np.int64)]
+        return np.concatenate(drawn).astype(np.int64)
 
     @functools.lru_cache(maxsize=4)  # noqa: B019 - a handful of epochs per order, freed with it
-    def _epoch_windows(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """The epoch's permuted blocks and the epoch index at which each window starts (and its size at the end)."""
+    def _epoch_windows(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The epoch's block numbers in order, the epoch index at which each window starts (and its size at the
+        end), and the position in the block order of each window's first block (and the number of blocks).
+
+        A window closes at the first block boundary at least window_rows past its start (the last window takes what
+        is left). The boundaries are found by binary search, window by window, in pieces of the block order, so
+        that no array as long as the order is made besides the order itself."""
         blocks = self._epoch_blocks(epoch)
-        ends = np.cumsum(blocks[:, 1] - blocks[:, 0])
-        starts = [0]
-        for end in ends[:-1]:  # close a window at the first block boundary past window_rows
-            if end - starts[-1] >= self.window_rows:
-                starts.append(int(end))
-        return blocks, np.asarray([*starts, int(ends[-1]) if len(ends) else 0], dtype=np.int64)
+        starts, first_blocks, before = [0], [0], 0
+        for piece in range(0, len(blocks), _PIECE):
+            start, stop = self.block_rows_of(blocks[piece : piece + _PIECE].astype(np.int64))
+            ends = before + np.cumsum(stop - start)
+            while True:
+                j = int(np.searchsorted(ends, starts[-1] + self.window_rows, side="left"))
+                if j >= len(ends) or piece + j >= len(blocks) - 1:  # past this piece; the last block starts none
+                    break
+                starts.append(int(ends[j]))
+                first_blocks.append(piece + j + 1)
+            before = int(ends[-1])
+        bounds = np.asarray([*starts, before], dtype=np.int64)
+        return blocks, bounds, np.asarray([*first_blocks, len(blocks)], dtype=np.int64)
 
     def epoch_size(self, epoch: int) -> int:
         """Examples in the epoch: every example once, or the sizes of a weighted epoch's drawn blocks."""
@@ -157,18 +178,17 @@ class ExampleOrder:
 
     def window_of(self, epoch: int, index: int) -> tuple[int, int]:
         """(window number, its first epoch index) holding epoch index `index`."""
-        _, bounds = self._epoch_windows(epoch)
+        _, bounds, _ = self._epoch_windows(epoch)
         w = int(np.searchsorted(bounds[:-1], index, side="right")) - 1
         return w, int(bounds[w])
 
     @functools.lru_cache(maxsize=8)  # noqa: B019
     def window(self, epoch: int, w: int) -> np.ndarray:
         """The global rows of window w of an epoch, in training order."""
-        blocks, bounds = self._epoch_windows(epoch)
-        ends = np.cumsum(blocks[:, 1] - blocks[:, 0])
-        first = int(np.searchsorted(ends, bounds[w], side="right"))
-        last = int(np.searchsorted(ends, bounds[w + 1], side="left"))
-        rows = np.concatenate([np.arange(a, b) for a, b in blocks[first : last + 1]])
+        blocks, _, first_blocks = self._epoch_windows(epoch)
+        start, stop = self.block_rows_of(blocks[first_blocks[w] : first_blocks[w + 1]].astype(np.int64))
+        sizes = stop - start
+        rows = np.repeat(start - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()))
         return rows[np.random.default_rng([self.seed, epoch, 1, w]).permutation(len(rows))]
 
     @property
@@ -183,7 +203,7 @@ class ExampleOrder:
     def rows_in_epoch(self, epoch: int, indices: np.ndarray) -> np.ndarray:
         """The global rows at these indices of the epoch's order."""
         out = np.empty_like(indices)
-        _, bounds = self._epoch_windows(epoch)
+        _, bounds, _ = self._epoch_windows(epoch)
         windows = np.searchsorted(bounds[:-1], indices, side="right") - 1
         for w in np.unique(windows):
             here = windows == w
@@ -243,6 +263,12 @@ class DataStream:
             order = self.order_of(self.key(int(epoch)))
             rows[here] = order.rows_in_epoch(int(epoch), positions[here] - self._start(int(epoch)))
         return rows, epochs
+
+
+def _compact(values: np.ndarray) -> np.ndarray:
+    """Non-negative int64 values as int32 when they fit: an epoch's block order is the one array as long as the
+    blocks that an order keeps (4 bytes a block)."""
+    return values.astype(np.int32) if len(values) and int(values.max()) < 2**31 else values
 
 
 def worker_positions(position: int, global_batch: int, rank: int, world: int) -> range:

@@ -23,8 +23,14 @@ rows in micro-batches of 32 (glibc set to keep freed memory, as input processes 
   = 0.528 GFLOP/token, so 494.5e12 / (0.528e9 x 128) = ~7,300 rows/s; the table prints each, with the headroom
   (the input's best rows/s per worker / demand; target >= 2x).
 
+--plan: shard sets of real size, 100M and 1B examples in files of 100,000 rows (1,000 and 10,000 files whose rows
+are empty: their footers hold the row counts, which is all planning reads). Measured: `plan_data` (each file's
+footer, the manifest checks), the pickled size of the shard set every worker receives, and a worker's start-up on
+the epoch order (`ShardSet.order`, then the rows of a first step and of a step across the epoch's end): seconds,
+and the memory the order keeps and peaks at (tracemalloc: numpy's arrays included).
+
 Default (the stall): training steps/s reading the shards as a worker does vs from tensors already in memory
-(target >= 0.95). The same model, optimizer and step (`services.train.train_step`) run on the same shards, two ways:
+(target >= 0.95). The same model, optimizer and step (`services.train.step.train_step`) run on the same shards, two ways:
 
 - memory     the micro-batches read and masked before timing starts; each step only computes
 - stream     what a Ray Train worker does (services/train/input.py): the run's shuffled example order
@@ -44,6 +50,7 @@ its micro-batch size; the shards default to the demo's (run `albert demo` once t
 128-token shards of an 8,000-piece vocabulary to a temporary directory.
 
     python bench/bench_input.py --input-only [--step-rows 512] [--rows 4096] [--rounds 3] [--workers 0,1,2]
+    python bench/bench_input.py --plan [--plan-sizes 100000000,1000000000]
     python bench/bench_input.py [--shards DIR | --synthetic] [--recipe tiny] [--steps 10] [--rounds 2]
                                 [--threads N] [--input-workers 0]
 """
@@ -52,10 +59,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import pickle
 import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,7 +81,7 @@ from albert_core.tokenization import TokenIds
 from services.run.config import RunConfig
 from services.train.follow import EpochData
 from services.train.input import InputPlan, keep_freed_memory, open_input
-from services.train.plan import ShardSet, resolve_token_ids
+from services.train.plan import ShardSet, plan_data, resolve_token_ids
 from services.train.step import optimizer_for, train_step
 
 DEFAULT_SHARDS = Path(".cache/albert/sample-shards-8000-128")
@@ -220,6 +229,59 @@ def input_only(args) -> None:
                       f"{best[length] / rows:.1f}x |")  # fmt: skip
 
 
+# --- --plan --------------------------------------------------------------------------------------------------------
+
+FILE_ROWS = 100_000
+
+
+def write_empty_shards(train: Path, files: int) -> None:
+    """`files` shard files of FILE_ROWS rows each, every list empty: real footers, almost no data."""
+    train.mkdir(parents=True)
+    n = FILE_ROWS
+    columns = {
+        "example_id": pa.array(np.zeros(n, dtype=np.int64)),
+        "pair_label": pa.array(np.zeros(n, dtype=np.int8)),
+        **{f.name: pa.array([[]] * n, type=f.type) for f in EXAMPLE_SCHEMA if pa.types.is_list(f.type)},
+    }
+    table = pa.table(columns).select(EXAMPLE_SCHEMA.names).cast(EXAMPLE_SCHEMA)
+    for f in range(files):
+        pq.write_table(table, train / f"shard-{f:05d}.parquet")
+
+
+def plan_row(directory: Path, examples: int) -> str:
+    files = examples // FILE_ROWS
+    write_empty_shards(directory / "train", files)
+    run = RunConfig()
+    start = time.perf_counter()
+    shards = plan_data(directory, run)
+    planned = time.perf_counter() - start
+    tracemalloc.start()
+    start = time.perf_counter()
+    order = shards.order(shards.version, run.run.seed)
+    n = order.num_examples
+    rows, _ = order.rows_at(np.arange(0, 512))
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    order.rows_at(np.arange(n - 256, n + 256))
+    crossing = time.perf_counter() - start
+    kept, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    size = len(pickle.dumps(shards)) / 1e6
+    return (
+        f"| {n:,} | {files:,} | {order.num_blocks:,} | {planned:.2f} | {size:.1f} | {first:.2f} | {crossing:.2f} | "
+        f"{kept / 1e6:.0f} | {peak / 1e6:.0f} |"
+    )
+
+
+def plan(args) -> None:
+    print("| examples | files | blocks | plan_data (s) | shard set pickled (MB) | order: first step (s) | step across "
+          "the epoch end (s) | order keeps (MB) | peak (MB) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for examples in (int(n) for n in args.plan_sizes.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            print(plan_row(Path(tmp), examples), flush=True)
+
+
 # --- the stall, with the demo model ---------------------------------------------------------------------------------
 
 
@@ -329,6 +391,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4096, help="--input-only: rows per masker round")
     parser.add_argument("--input-steps", type=int, default=64, help="--input-only: steps per input measurement")
     parser.add_argument("--workers", default="0,1,2", help="--input-only: input processes to measure (0: thread)")
+    parser.add_argument("--plan", action="store_true", help="planning and the epoch order at 100M and 1B examples")
+    parser.add_argument("--plan-sizes", default="100000000,1000000000", help="--plan: examples of each shard set")
     parser.add_argument("--shards", type=Path, default=DEFAULT_SHARDS, help="an `albert preprocess` output directory")
     parser.add_argument("--synthetic", action="store_true", help="write synthetic 128-token shards instead")
     parser.add_argument("--recipe", default="tiny", help="run config whose model and micro-batch size are used")
@@ -338,7 +402,9 @@ def main() -> None:
     parser.add_argument("--input-workers", default="0", help="input processes of each stream block (0: thread), "
                         "e.g. 0,1 to compare")  # fmt: skip
     args = parser.parse_args()
-    if args.input_only:
+    if args.plan:
+        plan(args)
+    elif args.input_only:
         args.rounds = args.rounds or 3
         input_only(args)
     else:

@@ -4,12 +4,13 @@ after a resume (albert_core.data_order, services.train.data on real Parquet shar
 from __future__ import annotations
 
 import functools
+import tracemalloc
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.data_order import DataStream, ExampleOrder, worker_positions
+from albert_core.data_order import WINDOW_ROWS, DataStream, ExampleOrder, worker_positions
 from albert_core.shards import write_random_shards
 from services.train.data import Prefetch, ShardRows, host_steps
 
@@ -224,3 +225,75 @@ def test_the_carried_draw_is_reproducible_for_any_epoch_alone():
     order = ExampleOrder((99 * BLOCK, BLOCK), 3, part_files=(1, 1), weights=(1.0, 0.004))
     again = ExampleOrder((99 * BLOCK, BLOCK), 3, part_files=(1, 1), weights=(1.0, 0.004))
     assert whole_epoch(again, 4).tolist() == whole_epoch(order, 4).tolist()  # no epoch before it was computed
+
+
+# ----------------------------------------------------------------------------------------------------------
+# shard sets of real size: the order holds arrays of blocks, never one of examples
+
+
+def test_the_order_of_ten_million_examples_holds_arrays_of_blocks_not_of_examples():
+    order = ExampleOrder((100_000,) * 100, seed=3)  # 10M examples in 78,200 blocks of 128
+    n = order.num_examples
+    tracemalloc.start()
+    try:
+        for first in (0, n // 2, n - 256):  # a step at the start, the middle and across the end of epoch 0
+            rows, _ = order.rows_at(np.arange(first, first + 512))
+            assert len(set(rows.tolist())) == 512
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < n  # under a byte per example: one int64 per example would be 80 MB
+    for epoch in (0, 1):
+        blocks, bounds, first_blocks = order._epoch_windows(epoch)
+        assert blocks.nbytes == 4 * order.num_blocks  # int32 block numbers, the one array as long as the order
+        assert len(bounds) == len(first_blocks) <= n // WINDOW_ROWS + 2  # windows of at least 2**16 rows each
+
+
+def reference_epoch(order: ExampleOrder, epoch: int) -> np.ndarray:
+    """An epoch's rows by the order's definition, block by block (the code before the order kept block numbers)."""
+    blocks = []
+    for f, n in enumerate(order.rows_per_file):
+        starts = np.arange(0, n, order.block_rows) + order.offsets[f]
+        blocks += [(a, min(a + order.block_rows, order.offsets[f + 1])) for a in starts]
+    blocks = np.asarray(blocks, dtype=np.int64).reshape(-1, 2)
+    if order.weights is not None:
+        part_of_file = np.repeat(np.arange(len(order.part_files)), order.part_files)
+        part_of_block = part_of_file[np.searchsorted(order.offsets, blocks[:, 0], side="right") - 1]
+        shares, drawn = len(blocks) * np.asarray(order.weights) / sum(order.weights), []
+        for part, share in enumerate(shares):
+            mine = np.flatnonzero(part_of_block == part)
+            wanted = int(np.floor(share * (epoch + 1) + 0.5) - np.floor(share * epoch + 0.5))  # the carried rounding
+            copies, rest = divmod(wanted, len(mine))
+            drawn += [mine] * copies + [np.random.default_rng([order.seed, epoch, 2, part]).choice(mine, rest, False)]
+        blocks = blocks[np.concatenate(drawn).astype(np.int64)]
+    blocks = blocks[np.random.default_rng([order.seed, epoch, 0]).permutation(len(blocks))]
+    windows, size = [[]], 0
+    for i, (a, b) in enumerate(blocks):
+        windows[-1].append(np.arange(a, b))
+        size += b - a
+        if size >= order.window_rows and i < len(blocks) - 1:
+            windows.append([])
+            size = 0
+    return np.concatenate([
+        np.concatenate(w)[np.random.default_rng([order.seed, epoch, 1, k]).permutation(sum(map(len, w)))]
+        for k, w in enumerate(windows)
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"block_rows": 32, "window_rows": 100},
+        {"block_rows": 7, "window_rows": 7},
+        {"block_rows": 128},
+        {"block_rows": 32, "window_rows": 200, "part_files": (3, 1), "weights": (1.0, 2.0)},
+        {"block_rows": 16, "window_rows": 64, "part_files": (1, 3), "weights": (0.0, 1.0)},
+    ],
+)
+def test_the_order_is_the_one_its_definition_gives_block_by_block(shards, options):
+    _, rows = shards
+    order = ExampleOrder((*rows[:2], 0, *rows[2:]), 11, **options) if "part_files" not in options else (
+        ExampleOrder(rows, 11, **options))  # fmt: skip
+    for epoch in range(3):
+        got = order.rows_in_epoch(epoch, np.arange(order.epoch_size(epoch)))
+        np.testing.assert_array_equal(got, reference_epoch(order, epoch))
