@@ -18,12 +18,17 @@ e. throughput: our training step at the albert-base and albert-large shapes, bat
    AlbertForPreTraining on the same device and batch (fp32, and bf16 autocast). Reported: tokens/s, ours /
    transformers, and MFU against a bf16 GEMM peak measured in the same run (bench/bench_train.py's functions;
    steps interleaved, synchronized). The goal: bf16 MFU >= 50% for albert-large (a missed goal is a failed check).
+f. input: the training input alone on this host (bench/bench_input.py --input-only's measurements, no model):
+   masker rows/s per core (the per-row code against the batch masker, same rows, same run) and a worker's input
+   rows/s in the thread and in 1, 2 and 4 input processes (1 and 2 with --quick), at 128 and 512 tokens; then the
+   headroom over what an H200 consumes at 50% of its bf16 peak: the goal is >= 2x for every preset at 512 tokens
+   and albert-base at 128 (a missed goal is a failed check). Runs on the CPU as well: the input never uses the GPU.
 
 It prints one summary table at the end and writes the same as JSON to DIR/device_check.json, rewritten after every
 section so that a run cut short keeps what it did; pytest's output goes to DIR/pytest_cuda.txt. Exit status 1 when
 a check failed. Without a GPU (and without --device cpu) it says so and exits 0.
 
-    python bench/device_check.py --out DIR [--device cuda|cpu] [--quick] [--no-compile]
+    python bench/device_check.py --out DIR [--device cuda|cpu] [--quick] [--no-compile] [--only LETTERS]
 
 Through the device tool: `python bench/device_check.py --out $OUT` (estimated at 4-6 minutes on one H200, not yet
 timed). On a CPU: `python bench/device_check.py --out /tmp/dc --device cpu --quick` runs every section at tiny
@@ -452,6 +457,42 @@ def goal_check(timed: dict[str, dict[str, dict[str, Any]]], peak: float) -> Chec
     return Check(item, "pass" if met else "fail", {"mfu": mfus[best], "variant": best}, "" if met else "goal missed")
 
 
+# --- f. the input alone --------------------------------------------------------------------------------------
+
+
+def check_input(quick: bool) -> list[Check]:
+    """Masker and input rows/s at 128 and 512 tokens, and the headroom over an H200's demand (bench_input)."""
+    from bench_input import PRESETS, demand, input_rates, masker_rates, write_shards
+
+    from services.train.input import keep_freed_memory
+
+    keep_freed_memory()  # as input processes run (the last section: nothing after it allocates much)
+    rows, step_rows, steps, rounds = (1024, 256, 16, 1) if quick else (4096, 512, 64, 3)
+    workers = [0, 1, 2] if quick else [0, 1, 2, 4]
+    checks, best = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for length in (128, 512):
+            masker = masker_rates(length, rows, step_rows, rounds)
+            shards = write_shards(Path(tmp) / str(length), length=length, rows_per_file=step_rows * 8, files=4,
+                                  vocab=30_000)  # fmt: skip
+            rates = input_rates(shards, length, step_rows, steps, workers, rounds)
+            best[length] = max(rate for rate, _ in rates.values())
+            before, now = round(masker["per-row (before)"]), round(masker["batch (now)"])
+            numbers = {"masker_per_row": before, "masker_batch": now, "masker_x": round(now / before, 2)}
+            numbers.update({("thread" if n == 0 else f"processes_{n}"): round(rate) for n, (rate, _) in rates.items()})
+            checks.append(Check(f"input rows/s at {length} tokens", "pass", numbers, f"steps of {step_rows} rows"))
+    for preset in PRESETS:
+        for length in (128, 512):
+            _, consumed = demand(preset, length, "H200")
+            headroom = best[length] / consumed
+            goal = length == 512 or preset == "albert-base"
+            status = "skip" if not goal else "pass" if headroom >= 2 else "fail"
+            numbers = {"h200_rows_per_s": round(consumed), "input_rows_per_s": round(best[length]),
+                       "headroom": round(headroom, 1)}  # fmt: skip
+            checks.append(Check(f"{preset} at {length} on an H200", status, numbers, "goal >= 2x" if goal else ""))
+    return checks
+
+
 # --- the run -------------------------------------------------------------------------------------------------
 
 
@@ -519,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny throughput shapes, fewer timed steps")
     parser.add_argument("--no-compile", action="store_true", help="leave out the bf16 + compile_backbone variant")
+    parser.add_argument("--only", default="", help="run only these sections, by letter (e.g. f: the input alone)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -543,9 +585,12 @@ def main(argv: list[str] | None = None) -> int:
             "e. throughput",
             lambda: check_throughput(device, tiny=tiny, steps=steps, warmup=warmup, compile=compile),
         ),
+        ("f. input", lambda: check_input(args.quick)),
     ]
     sections: list[Section] = []
     for name, fn in plan:
+        if args.only and name[0] not in args.only:
+            continue
         sections.append(run_section(name, fn, device))
         write_report(out, header, sections)
     print_table(sections)
