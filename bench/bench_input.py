@@ -29,6 +29,14 @@ footer, the manifest checks), the pickled size of the shard set every worker rec
 the epoch order (`ShardSet.order`, then the rows of a first step and of a step across the epoch's end): seconds,
 and the memory the order keeps and peaks at (tracemalloc: numpy's arrays included).
 
+--launch-bound: what input in the thread costs a loop like an accelerator's, whose Python launches kernels and
+holds the GIL most of the step (here: `--ops` tiny in-place torch adds on the CPU, about `--step-ms` a step),
+against input in processes. Each step also takes a worker's step of `--step-rows` rows at `--length` tokens
+from the input; the same steps with input in the thread, in 1 and 2 processes, and with batches made before timing
+(none), interleaved in rounds. Reported: the median step (not counting any wait for the batch) per way, and its
+difference to none's. An H200 training albert-base at 128 tokens takes a worker's 256 rows in about 35 ms, and the
+input makes them in about 5 ms of a core: the defaults.
+
 Default (the stall): training steps/s reading the shards as a worker does vs from tensors already in memory
 (target >= 0.95). The same model, optimizer and step (`services.train.step.train_step`) run on the same shards, two ways:
 
@@ -51,6 +59,7 @@ its micro-batch size; the shards default to the demo's (run `albert demo` once t
 
     python bench/bench_input.py --input-only [--step-rows 512] [--rows 4096] [--rounds 3] [--workers 0,1,2]
     python bench/bench_input.py --plan [--plan-sizes 100000000,1000000000]
+    python bench/bench_input.py --launch-bound [--step-rows 256] [--length 128] [--step-ms 35] [--steps 40]
     python bench/bench_input.py [--shards DIR | --synthetic] [--recipe tiny] [--steps 10] [--rounds 2]
                                 [--threads N] [--input-workers 0]
 """
@@ -58,6 +67,7 @@ its micro-batch size; the shards default to the demo's (run `albert demo` once t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import pickle
 import statistics
@@ -282,6 +292,58 @@ def plan(args) -> None:
             print(plan_row(Path(tmp), examples), flush=True)
 
 
+# --- --launch-bound ------------------------------------------------------------------------------------------------
+
+
+def launch_bound(args) -> None:
+    torch.set_num_threads(1)
+    x = torch.zeros(4)
+    ops = calibrate_ops(x, args.step_ms / 1e3)
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = write_shards(Path(tmp), length=args.length, rows_per_file=args.step_rows * 16, files=4,
+                              vocab=30_000)  # fmt: skip
+        run = RunConfig()
+        run.train = dataclasses.replace(run.train, global_batch_size=args.step_rows, micro_batch_size=MICRO_BATCH)
+        run.data = dataclasses.replace(run.data, max_seq_length=args.length)
+        plan = InputPlan(shards, run, TokenIds(vocab_size=30_000), (1,), 0, args.steps + 4, rank=0, world=1)
+        with open_input(plan, workers=0, pin=False) as items:
+            made = list(items)
+        modes = {"none": None, "thread": 0, "1 process": 1, "2 processes": 2}
+        steps: dict[str, list[float]] = {name: [] for name in modes}
+        for _ in range(args.rounds):
+            for name, workers in modes.items():
+                steps[name] += launch_steps(x, ops, plan, workers, made, args.steps)
+    base = statistics.median(steps["none"])
+    print(f"a loop of {ops} tiny torch ops a step (~{args.step_ms:.0f} ms), taking {args.step_rows} rows x "
+          f"{args.length} tokens a step; {args.rounds} rounds of {args.steps} steps each way; on a shared 2-core "
+          "machine\n\n| input | median step (ms) | vs none |\n|---|---|---|")  # fmt: skip
+    for name, values in steps.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median * 1e3:.1f} | {100 * (median / base - 1):+.1f}% |")
+
+
+def calibrate_ops(x: torch.Tensor, seconds: float) -> int:
+    start = time.perf_counter()
+    for _ in range(2000):
+        x.add_(1)
+    return max(1, int(seconds / ((time.perf_counter() - start) / 2000)))
+
+
+def launch_steps(x: torch.Tensor, ops: int, plan: InputPlan, workers: int | None, made: list, n: int) -> list[float]:
+    """The time of each step's launches (waits for the batch not counted), the input made as `workers` says."""
+    source = contextlib.nullcontext(iter(made)) if workers is None else open_input(plan, workers=workers, pin=False)
+    times = []
+    with source as items:
+        for i in range(n + 2):
+            next(items)
+            start = time.perf_counter()
+            for _ in range(ops):
+                x.add_(1)
+            if i >= 2:  # after the processes' start
+                times.append(time.perf_counter() - start)
+    return times
+
+
 # --- the stall, with the demo model ---------------------------------------------------------------------------------
 
 
@@ -391,6 +453,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4096, help="--input-only: rows per masker round")
     parser.add_argument("--input-steps", type=int, default=64, help="--input-only: steps per input measurement")
     parser.add_argument("--workers", default="0,1,2", help="--input-only: input processes to measure (0: thread)")
+    parser.add_argument("--launch-bound", action="store_true", help="the thread's cost to a launch-bound loop")
+    parser.add_argument("--length", type=int, default=128, help="--launch-bound: tokens per row")
+    parser.add_argument("--step-ms", type=float, default=35.0, help="--launch-bound: the loop's work per step")
     parser.add_argument("--plan", action="store_true", help="planning and the epoch order at 100M and 1B examples")
     parser.add_argument("--plan-sizes", default="100000000,1000000000", help="--plan: examples of each shard set")
     parser.add_argument("--shards", type=Path, default=DEFAULT_SHARDS, help="an `albert preprocess` output directory")
@@ -402,7 +467,11 @@ def main() -> None:
     parser.add_argument("--input-workers", default="0", help="input processes of each stream block (0: thread), "
                         "e.g. 0,1 to compare")  # fmt: skip
     args = parser.parse_args()
-    if args.plan:
+    if args.launch_bound:
+        args.rounds = args.rounds or 3
+        args.step_rows = 256 if args.step_rows == 512 else args.step_rows
+        launch_bound(args)
+    elif args.plan:
         plan(args)
     elif args.input_only:
         args.rounds = args.rounds or 3
