@@ -130,3 +130,16 @@ def test_masking_a_steps_rows_at_once_equals_masking_each_micro_batch():
             for key in alone:
                 np.testing.assert_array_equal(batch[key], alone[key], err_msg=key)
                 assert batch[key].flags.c_contiguous
+
+
+def test_a_run_with_its_input_in_processes_trains_the_threads_losses(ray_local, tmp_path):
+    from services.train import run_pretraining
+    from tests.test_train import losses, run_config, train_lines
+    from tests.test_train import write_shards as write_run_shards
+
+    shards = write_run_shards(tmp_path / "shards")
+    runs = {n: run_config(tmp_path / f"w{n}", shards, f"input{n}", input_workers=n) for n in (0, 1)}
+    results = {n: run_pretraining(config, resume=False) for n, config in runs.items()}
+    assert all(result.finished and result.step == 8 for result in results.values())
+    thread, processes = (losses(train_lines(results[n].metrics_file)) for n in (0, 1))
+    assert len(thread) == 8 and processes == thread  # bit for bit: the same batches, the same steps
