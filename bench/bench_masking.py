@@ -6,7 +6,8 @@ with p=0.15, then 80% [MASK] / 10% random / 10% kept. Variants timed in interlea
 - baseline      plain random token masking, one running generator
 - ngram         albert_core.masking.ngram_mask, one running generator
 - ngram+rng     ngram_mask with example_rng(seed, epoch, example_id) per example (what training does)
-- mlm_batch     albert_core.batch.mlm_batch on 64-row batches, per row (masking + padding + seeding)
+- mlm_batch     albert_core.batch.mlm_batch on 64-row batches, per row (masking + padding + seeding, all rows of a
+                batch at once; bench/bench_input.py --input-only compares it with the per-row code)
 
     python bench/bench_masking.py [--examples 2000] [--rounds 5]
 """

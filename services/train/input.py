@@ -7,11 +7,11 @@ its micro-batches in one call (services.train.data, albert_core.batch.mlm_batche
   with the loop's own Python (kernel launches, the optimizer).
 - N >= 1: N input processes (a torch DataLoader of spawned workers). Process k makes steps k, k + N, k + 2N, ...
   of the same plan and the loader takes them in turn, so the loop gets exactly the steps, in the order, a thread
-  gives: the data position, resume and worker-count independence do not depend on N. Tensors come back through
-  shared memory.
+  gives: the data position, resume and worker-count independence do not depend on N. A step comes back packed
+  (`PackedStep`) and a thread of the training process unpacks it ahead of the loop.
 
-On CUDA (`pin`) the micro-batches arrive in pinned memory (the thread pins them; the loader's pin thread does for
-processes), so `tensor.to(device, non_blocking=True)` in the step copies without blocking the host.
+On CUDA (`pin`) the micro-batches arrive in pinned memory (the thread that makes or unpacks them pins them), so
+`tensor.to(device, non_blocking=True)` in the step copies without blocking the host.
 
 Every item is (rows, micro-batches) as `host_steps` yields it, each micro-batch's rows cut down to their example
 ids (what the loop reads of them: ALBERT_TRACE_EXAMPLES).
