@@ -314,11 +314,13 @@ class MaskSettings:
 
 
 def _special(ids: np.ndarray, special_ids: Iterable[int]) -> np.ndarray:
-    """ids in special_ids, by table lookup (one pass over the tokens); ids outside the table are not special."""
+    """ids in special_ids, by table lookup; ids outside the table are not special."""
     special_ids = [i for i in special_ids if i >= 0]
     table = np.zeros(max(special_ids, default=0) + 2, dtype=bool)  # the last entry stays False
     table[special_ids] = True
-    return table[np.clip(ids, -1, table.size - 1)]
+    if ids.size and ids.min() < 0:  # not token ids: clipped to -1 (the last entry) first
+        return table[np.clip(ids, -1, table.size - 1)]
+    return np.take(table, ids, mode="clip")  # ids past the table: its last entry
 
 
 def ngram_mask_rows(
