@@ -296,30 +296,36 @@ def plan(args) -> None:
 
 
 def launch_bound(args) -> None:
+    steps = launch_bound_steps(args.step_rows, args.length, args.step_ms, args.steps, args.rounds)
+    base = statistics.median(steps["none"])
+    print(f"a loop of tiny torch ops, ~{args.step_ms:.0f} ms a step, taking {args.step_rows} rows x {args.length} "
+          f"tokens a step; {args.rounds} rounds of {args.steps} steps each way; on a shared 2-core machine\n\n"
+          "| input | median step (ms) | vs none |\n|---|---|---|")  # fmt: skip
+    for name, values in steps.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median * 1e3:.1f} | {100 * (median / base - 1):+.1f}% |")
+
+
+def launch_bound_steps(step_rows: int, length: int, step_ms: float, n: int, rounds: int) -> dict[str, list[float]]:
+    """The step times of a launch-bound loop with input made beforehand (none), in the thread, in 1 and 2 processes,
+    interleaved in rounds."""
     torch.set_num_threads(1)
     x = torch.zeros(4)
-    ops = calibrate_ops(x, args.step_ms / 1e3)
+    ops = calibrate_ops(x, step_ms / 1e3)
     with tempfile.TemporaryDirectory() as tmp:
-        shards = write_shards(Path(tmp), length=args.length, rows_per_file=args.step_rows * 16, files=4,
-                              vocab=30_000)  # fmt: skip
+        shards = write_shards(Path(tmp), length=length, rows_per_file=step_rows * 16, files=4, vocab=30_000)
         run = RunConfig()
-        run.train = dataclasses.replace(run.train, global_batch_size=args.step_rows, micro_batch_size=MICRO_BATCH)
-        run.data = dataclasses.replace(run.data, max_seq_length=args.length)
-        plan = InputPlan(shards, run, TokenIds(vocab_size=30_000), (1,), 0, args.steps + 4, rank=0, world=1)
+        run.train = dataclasses.replace(run.train, global_batch_size=step_rows, micro_batch_size=MICRO_BATCH)
+        run.data = dataclasses.replace(run.data, max_seq_length=length)
+        plan = InputPlan(shards, run, TokenIds(vocab_size=30_000), (1,), 0, n + 4, rank=0, world=1)
         with open_input(plan, workers=0, pin=False) as items:
             made = list(items)
         modes = {"none": None, "thread": 0, "1 process": 1, "2 processes": 2}
         steps: dict[str, list[float]] = {name: [] for name in modes}
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for name, workers in modes.items():
-                steps[name] += launch_steps(x, ops, plan, workers, made, args.steps)
-    base = statistics.median(steps["none"])
-    print(f"a loop of {ops} tiny torch ops a step (~{args.step_ms:.0f} ms), taking {args.step_rows} rows x "
-          f"{args.length} tokens a step; {args.rounds} rounds of {args.steps} steps each way; on a shared 2-core "
-          "machine\n\n| input | median step (ms) | vs none |\n|---|---|---|")  # fmt: skip
-    for name, values in steps.items():
-        median = statistics.median(values)
-        print(f"| {name} | {median * 1e3:.1f} | {100 * (median / base - 1):+.1f}% |")
+                steps[name] += launch_steps(x, ops, plan, workers, made, n)
+    return steps
 
 
 def calibrate_ops(x: torch.Tensor, seconds: float) -> int:

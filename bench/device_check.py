@@ -22,7 +22,10 @@ f. input: the training input alone on this host (bench/bench_input.py --input-on
    masker rows/s per core (the per-row code against the batch masker, same rows, same run) and a worker's input
    rows/s in the thread and in 1, 2 and 4 input processes (1 and 2 with --quick), at 128 and 512 tokens; then the
    headroom over what an H200 consumes at 50% of its bf16 peak: the goal is >= 2x for every preset at 512 tokens
-   and albert-base at 128 (a missed goal is a failed check). Runs on the CPU as well: the input never uses the GPU.
+   and albert-base at 128 (a missed goal is a failed check). And what input in the thread costs a launch-bound loop
+   (bench_input.py --launch-bound: ~35 ms of tiny torch ops a step, a worker's 256 rows x 128 tokens a step) against
+   input in 1 and 2 processes (informational: it decides train.input_workers). Runs on the CPU as well: the input
+   never uses the GPU.
 
 It prints one summary table at the end and writes the same as JSON to DIR/device_check.json, rewritten after every
 section so that a run cut short keeps what it did; pytest's output goes to DIR/pytest_cuda.txt. Exit status 1 when
@@ -462,7 +465,7 @@ def goal_check(timed: dict[str, dict[str, dict[str, Any]]], peak: float) -> Chec
 
 def check_input(quick: bool) -> list[Check]:
     """Masker and input rows/s at 128 and 512 tokens, and the headroom over an H200's demand (bench_input)."""
-    from bench_input import PRESETS, demand, input_rates, masker_rates, write_shards
+    from bench_input import PRESETS, demand, input_rates, launch_bound_steps, masker_rates, write_shards
 
     from services.train.input import keep_freed_memory
 
@@ -481,6 +484,13 @@ def check_input(quick: bool) -> list[Check]:
             numbers = {"masker_per_row": before, "masker_batch": now, "masker_x": round(now / before, 2)}
             numbers.update({("thread" if n == 0 else f"processes_{n}"): round(rate) for n, (rate, _) in rates.items()})
             checks.append(Check(f"input rows/s at {length} tokens", "pass", numbers, f"steps of {step_rows} rows"))
+    steps = launch_bound_steps(256, 128, 35.0, 20 if quick else 40, rounds)
+    keys = {"none": "made_before", "thread": "thread", "1 process": "processes_1", "2 processes": "processes_2"}
+    medians = {keys[name]: statistics.median(values) for name, values in steps.items()}
+    numbers = {f"{key}_ms": round(value * 1e3, 1) for key, value in medians.items()}
+    numbers.update({f"{key}_vs_made_before": f"{100 * (value / medians['made_before'] - 1):+.1f}%"
+                    for key, value in medians.items() if key != "made_before"})  # fmt: skip
+    checks.append(Check("launch-bound loop: step with input in the thread / processes", "pass", numbers))
     for preset in PRESETS:
         for length in (128, 512):
             _, consumed = demand(preset, length, "H200")
