@@ -38,7 +38,8 @@ difference to none's. An H200 training albert-base at 128 tokens takes a worker'
 input makes them in about 5 ms of a core: the defaults.
 
 Default (the stall): training steps/s reading the shards as a worker does vs from tensors already in memory
-(target >= 0.95). The same model, optimizer and step (`services.train.step.train_step`) run on the same shards, two ways:
+(target >= 0.95). The same model, optimizer and step (`services.train.step.train_step`) run on the same shards,
+two ways:
 
 - memory     the micro-batches read and masked before timing starts; each step only computes
 - stream     what a Ray Train worker does (services/train/input.py): the run's shuffled example order

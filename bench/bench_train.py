@@ -5,7 +5,7 @@ same weights (ours converted with albert_core.interop.to_hf). Both train on the 
 n-gram masked by albert_core.batch. Dropout is 0.1 in both.
 
 - ours: AlbertForPreTraining, MLM decoded at the masked positions only (~15% of tokens), one
-  `services.train.train_step`: forward, backward, global-norm clip 1.0, LAMB, schedule.
+  `services.train.step.train_step`: forward, backward, global-norm clip 1.0, LAMB, schedule.
 - transformers: AlbertForPreTraining(labels=..., sentence_order_label=...), which decodes every position, plus
   clip 1.0 and torch.optim.AdamW(foreach=True).
 

@@ -133,7 +133,7 @@ def test_masking_a_steps_rows_at_once_equals_masking_each_micro_batch():
 
 
 def test_a_run_with_its_input_in_processes_trains_the_threads_losses(ray_local, tmp_path):
-    from services.train import run_pretraining
+    from services.train.driver import run_pretraining
     from tests.test_train import losses, run_config, train_lines
     from tests.test_train import write_shards as write_run_shards
 

@@ -254,9 +254,7 @@ class IntrinsicEvaluator:
         return {"step": step, "checkpoint": checkpoint_path, **metrics, "time": finished, "seconds": finished - started}
 
 
-def unigram_beside(
-    heldout_path: str | Path, vocab_size: int, version: int | None = None
-) -> UnigramBaseline | None:
+def unigram_beside(heldout_path: str | Path, vocab_size: int, version: int | None = None) -> UnigramBaseline | None:
     """The unigram baseline of the shard set a held-out file belongs to (<shards>/heldout/documents.parquet), of
     the version the checkpoint trained on (None, or a set that kept no counts of that version: the newest), when it
     has been counted and fits the model's vocabulary."""

@@ -8,7 +8,8 @@ Where things are:
 - driver.py      `run_pretraining`: checks, the worker plan, one TorchTrainer, the result
 - plan.py        what the driver decides: vocabulary, shard files, PJRT runtime, the frozen WorkerPlan
 - worker.py      the loop each worker runs (resume, input, step, after-step hooks)
-- data.py        a worker's input: its slice of each global batch in the run's example order, masked and prefetched
+- data.py        a worker's input: its slice of each global batch in the run's example order, masked
+- input.py       that input ahead of the loop: in a thread, or in input processes (train.input_workers)
 - follow.py      the data stream over a shard set that grows (data.follow)
 - step.py        one training step in plain torch (no Ray): masking, accumulation, all-reduce, clip, update
 - backends.py    step backends (eager CPU/CUDA, XLA) behind one interface; xla.py holds the XLA primitives
