@@ -70,23 +70,6 @@ class Spans:
         return _span_positions(self.starts, self.ends)
 
 
-def sample_spans(
-    token_ids: Sequence[int] | np.ndarray,
-    word_starts: Sequence[bool] | np.ndarray,
-    *,
-    rng: np.random.Generator,
-    special_ids: Iterable[int],
-    mask_prob: float = 0.15,
-    max_ngram: int = 3,
-    max_predictions: int | None = None,
-) -> Spans:
-    """Choose the whole-word n-gram spans to predict in one example (no tokens are replaced here)."""
-    ids, starts_flag = _check_example(token_ids, word_starts)
-    _check_params(mask_prob, max_ngram, max_predictions)
-    special = _special_mask(ids, np.asarray(list(special_ids), dtype=np.int64))
-    return _sample_spans(special, starts_flag, rng, mask_prob, max_ngram, max_predictions)
-
-
 def ngram_mask(
     token_ids: Sequence[int] | np.ndarray,
     word_starts: Sequence[bool] | np.ndarray,

@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from albert_core.masking import IGNORE_INDEX, example_rng, ngram_mask, ngram_probs, sample_spans
+from albert_core import masking
+from albert_core.masking import IGNORE_INDEX, Spans, example_rng, ngram_mask, ngram_probs
+
+
+def sample_spans(token_ids, word_starts, *, rng, special_ids, mask_prob=0.15, max_ngram=3) -> Spans:
+    """The spans ngram_mask chooses for one example (its first draws from `rng`), as it chooses them."""
+    ids, starts = masking._check_example(token_ids, word_starts)
+    special = masking._special_mask(ids, np.asarray(list(special_ids), dtype=np.int64))
+    return masking._sample_spans(special, starts, rng, mask_prob, max_ngram, None)
+
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 SPECIAL = (PAD, CLS, SEP)
