@@ -200,7 +200,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--shard-mb",
         type=float,
         default=DEFAULTS["shard_input_bytes"] / MB,
-        help="input megabytes grouped into one shard",
+        help="input megabytes per unit of work and shard: small files are grouped, a bigger file is cut into units "
+        "of this size (a compressed stream into chunks of 4x this, decompressed); default 16",
     )
     _add_config_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

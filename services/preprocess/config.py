@@ -45,7 +45,12 @@ class PreprocessConfig:
     docs_per_group: int = option(256, None, "", shape=True)
     fmt: str = option("auto", "--format", "corpus format", choices=FORMATS)
     text_field: str = option("text", "--text-field", "JSONL / Parquet field holding the text")
-    split: str = option("file", "--split", "plain text: a document per file or paragraph", choices=SPLITS)
+    split: str = option(
+        "file",
+        "--split",
+        "plain text: a document per file, or per blank-line block (big files are cut)",
+        choices=SPLITS,
+    )
     max_document_chars: int = option(MAX_DOCUMENT_CHARS, None, "", shape=True)
     num_cpus: int | None = option(None, "--num-cpus", "workers (default: all CPUs)", type=int)
     progress: bool = True  # a progress bar on the driver
