@@ -740,7 +740,8 @@ SAVE_UNDER_FILE_LIMIT = """
 import json, resource, signal, sys
 from pathlib import Path
 from tests.test_faults import tiny_training_state
-from services.train.state import TrainerState, latest_good, save_train_state, verify
+from services.run.checkpoints import latest_good, verify
+from services.train.state import TrainerState, save_train_state
 root = Path(sys.argv[1])
 model, optimizer, scheduler = tiny_training_state()
 good = save_train_state(root / "step_00000001", model, optimizer, scheduler, TrainerState(step=1))
