@@ -145,7 +145,7 @@ def test_each_objective_gets_its_own_shards_and_equal_options_share_one(recipe, 
 
 
 def test_an_unknown_field_is_an_error_naming_the_cell_and_field(recipe, tmp_path):
-    with pytest.raises(ConfigError, match=r"cell sharing2-all: 'model.overrides.sharing2'.*not an AlbertConfig field"):
+    with pytest.raises(ConfigError, match=r"cell sharing2-all: model.overrides.sharing2: .* not a model field"):
         spec_of(recipe, tmp_path, grid={"model.overrides.sharing2": ["all"]})
 
 

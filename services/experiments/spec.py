@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_core.config import AlbertConfig, ConfigError
-from services.run.config import RunConfig, resolve_config_path
+from albert_core.config import ConfigError
+from services.run.config import RunConfig, merge_fields, resolve_config_path
 
 RUNS_DIR = "runs"
-RUN_SECTIONS = ("run", "model", "data", "optim", "train", "eval")
 # What a finished cell measures (services.experiments.run.evaluate_cell), the metrics tables and claims can name.
 RESULT_METRICS = (
     "mlm_acc", "mlm_loss", "sop_acc", "nsp_acc", "sop_probe", "nsp_probe", "l2_roughness", "cosine_roughness",
@@ -255,27 +254,6 @@ def _dataclass_from(cls, values: Any, where: str):
         raise ConfigError(f"{where}: {err}") from None
 
 
-def _assign(data: dict[str, Any], dotted: str, value: Any, where: str) -> None:
-    parts = dotted.split(".")
-    if parts[0] not in RUN_SECTIONS or len(parts) < 2:
-        raise ConfigError(
-            f"{where}: {dotted!r}: expected section.field with section one of {', '.join(RUN_SECTIONS)} "
-            "(or model.overrides.FIELD, preprocess.FIELD)"
-        )
-    if (len(parts) > 2 and parts[:2] != ["model", "overrides"]) or len(parts) > 3:
-        raise ConfigError(f"{where}: {dotted!r}: only model.overrides.FIELD may go deeper than section.field")
-    if parts[:2] == ["model", "overrides"] and len(parts) == 3:
-        known = {f.name for f in dataclasses.fields(AlbertConfig)}
-        if parts[2] not in known:
-            raise ConfigError(f"{where}: {dotted!r}: {parts[2]} is not an AlbertConfig field")
-    node = data
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{where}: {dotted!r}: {part} is not a table in the recipe")
-    node[parts[-1]] = value
-
-
 def cell_preprocess(spec: ExperimentSpec, cell: Cell, max_seq_length: int) -> dict[str, Any] | None:
     """The preprocess options of a cell (the [preprocess] table with its preprocess.* fields), or None."""
     if spec.preprocess is None:
@@ -304,9 +282,8 @@ def cell_config(spec: ExperimentSpec, cell: Cell) -> RunConfig:
     where = f"{spec.source}: cell {cell.name}"
     recipe = resolve_config_path(spec.recipe)
     data = tomllib.loads(recipe.read_text())
-    for dotted, value in spec.fields_of(cell).items():
-        if not dotted.startswith("preprocess."):
-            _assign(data, dotted, value, where)
+    fields_set = {k: v for k, v in spec.fields_of(cell).items() if not k.startswith("preprocess.")}
+    merge_fields(data, fields_set, origin=where)
     data.setdefault("run", {}).update(name=f"{spec.name}-{cell.name}", output_dir=str(spec.directory / RUNS_DIR))
     if spec.preprocess is not None:
         seq = data.get("data", {}).get("max_seq_length", RunConfig().data.max_seq_length)

@@ -10,11 +10,13 @@ import hashlib
 import json
 import math
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from albert_core.config import AlbertConfig, ConfigError
+from services.run.fields import check_value, parse_text, type_hints
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -237,37 +239,29 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> RunConfig:
-        sections = {f.name: f.type for f in fields(cls)}
-        unknown = sorted(set(data) - set(sections))
-        if unknown:
-            raise ConfigError(f"{source}: {unknown[0]}: unknown section (expected {', '.join(sections)})")
-        built = {}
-        for name, section_cls in _SECTION_TYPES.items():
-            values = data.get(name, {})
-            if not isinstance(values, dict):
-                raise ConfigError(f"{source}: {name}: expected a table, got {type(values).__name__}")
-            try:
-                built[name] = _build_section(section_cls, values, f"{name}")
-            except ConfigError as err:
-                raise ConfigError(f"{source}: {err}") from None
-        config = cls(**built)
+        """The config of a recipe's dict form, checked; errors start with `source` (none when it is empty)."""
         try:
+            config = cls(**_build_sections(data))
             config.validate()
         except ConfigError as err:
-            raise ConfigError(f"{source}: {err}") from None
+            raise ConfigError(f"{source}: {err}" if source else str(err)) from None
         return config
 
     @classmethod
-    def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    def load(cls, path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+        """A recipe (a path, or the name of a shipped one) with `overrides` merged in (merge_fields): values from
+        code, or SetText from `--set`. An error caused by a `--set` value names that flag, others the recipe."""
         path = resolve_config_path(path)
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise ConfigError(f"{path}: not valid TOML ({err})") from None
-        for dotted, value in (overrides or {}).items():
-            section, _, key = dotted.partition(".")
-            data.setdefault(section, {})[key] = value
-        return cls.from_dict(data, source=str(path))
+        set_by = merge_fields(data, overrides or {}, origin=str(path))
+        try:
+            return cls.from_dict(data, source="")
+        except ConfigError as err:
+            field_name = str(err).split(":", 1)[0]
+            raise ConfigError(f"{set_by.get(field_name, str(path))}: {err}") from None
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -417,6 +411,19 @@ def shipped_recipes() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 
 
+def _build_sections(data: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(data) - set(_SECTION_TYPES))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section (expected {', '.join(_SECTION_TYPES)})")
+    built = {}
+    for name, section_cls in _SECTION_TYPES.items():
+        values = data.get(name, {})
+        if not isinstance(values, dict):
+            raise ConfigError(f"{name}: expected a table, got {type(values).__name__}")
+        built[name] = _build_section(section_cls, values, name)
+    return built
+
+
 def _build_section(section_cls: type, values: dict[str, Any], name: str):
     known = {f.name: f for f in fields(section_cls)}
     unknown = sorted(set(values) - set(known))
@@ -448,17 +455,86 @@ def _positive(config: RunConfig, section: str, names: tuple[str, ...]) -> None:
             raise ConfigError(f"{section}.{name}: expected a positive integer, got {value}")
 
 
-def parse_sets(pairs: list[str]) -> dict[str, object]:
-    """`--set section.field=value` (value parsed as TOML: 3, 0.1, true, "text", [1, 2])."""
-    import tomllib
+@dataclass(frozen=True)
+class SetText:
+    """A value as `--set SECTION.FIELD=TEXT` gave it: merge_fields parses it by the field's declared type."""
 
+    text: str
+
+
+def parse_sets(pairs: Sequence[str]) -> dict[str, SetText]:
+    """`--set section.field=value` pairs (repeatable; a later one wins) as {dotted field: its text}."""
     overrides = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or "." not in key:
-            raise ValueError(f"--set {pair!r}: expected section.field=value")
-        try:
-            overrides[key] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            overrides[key] = value  # a bare string
+        key, sep, text = pair.partition("=")
+        if not sep or "." not in key.strip(". "):
+            raise ConfigError(f"--set {pair}: expected SECTION.FIELD=VALUE, e.g. --set optim.lr=0.001")
+        overrides[key.strip()] = SetText(text)
     return overrides
+
+
+def merge_fields(data: dict[str, Any], overrides: Mapping[str, Any], *, origin: str) -> dict[str, str]:
+    """Set each dotted field of `overrides` in a recipe's dict form (as tomllib reads it), changing nothing else.
+
+    Keys are `section.field` or `model.overrides.FIELD` (an AlbertConfig field); a table given for
+    `model.overrides` sets the fields it names and keeps the recipe's others. A SetText value is parsed by the
+    field's declared type (a str field takes any text; TOML for the rest), any other value is checked against it.
+    Errors name where the value came from: `--set KEY=TEXT`, else `origin: KEY`. Returns, for each field set from
+    `--set`, the name its config errors start with ("train.num_workers", "model.hidden_size") -> that `--set`.
+    """
+    set_by = {}
+    for dotted, value in overrides.items():
+        where = f"--set {dotted}={value.text}" if isinstance(value, SetText) else f"{origin}: {dotted}"
+        try:
+            for name in _merge_one(data, dotted, value):
+                if isinstance(value, SetText):
+                    set_by[name] = where
+        except (ConfigError, ValueError) as err:
+            raise ConfigError(f"{where}: {err}") from None
+    return set_by
+
+
+def _merge_one(data: dict[str, Any], dotted: str, value: Any) -> list[str]:
+    """Set one dotted field; returns the names config errors about it start with."""
+    section, _, rest = dotted.partition(".")
+    if section not in _SECTION_TYPES:
+        raise ConfigError(f"unknown section {section!r} (expected {', '.join(_SECTION_TYPES)})")
+    name, _, deeper = rest.partition(".")
+    hints = type_hints(_SECTION_TYPES[section])
+    if name not in hints:
+        raise ConfigError(f"unknown field of [{section}] (expected one of {', '.join(hints)})")
+    table = _table(data, section)
+    if (section, name) == ("model", "overrides"):
+        overrides = _table(table, "overrides", where="model.overrides")
+        if deeper:
+            return [_merge_model_field(overrides, deeper, value)]
+        fields_given = parse_text(dict[str, Any], value.text) if isinstance(value, SetText) else value
+        check_value(dict[str, Any], fields_given)
+        return [_merge_model_field(overrides, key, v) for key, v in fields_given.items()]
+    if deeper:
+        raise ConfigError(f"only model.overrides.FIELD goes deeper than SECTION.FIELD ({section}.{name} has no fields)")
+    table[name] = _typed(hints[name], value)
+    return [f"{section}.{name}"]
+
+
+def _merge_model_field(overrides: dict[str, Any], name: str, value: Any) -> str:
+    hints = type_hints(AlbertConfig)
+    if name not in hints:
+        raise ConfigError(f"{name!r} is not a model field (model.overrides: expected one of {', '.join(hints)})")
+    overrides[name] = _typed(hints[name], value)
+    return f"model.{name}"
+
+
+def _typed(hint: Any, value: Any) -> Any:
+    """A SetText parsed by the field's type; any other value checked against it."""
+    if isinstance(value, SetText):
+        return parse_text(hint, value.text)
+    check_value(hint, value)
+    return value
+
+
+def _table(data: dict[str, Any], key: str, *, where: str | None = None) -> dict[str, Any]:
+    table = data.setdefault(key, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where or key}: is not a table in the recipe ({table!r})")
+    return table
