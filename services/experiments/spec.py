@@ -99,9 +99,8 @@ class ExperimentSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> ExperimentSpec:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such experiment spec")
+        """A spec file, or a shipped spec by name (`table4-small`) or checkout path (configs/experiments/...)."""
+        path = resolve_config_path(path, kind="experiments")
         try:
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as err:

@@ -108,21 +108,23 @@ def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[
 
 
 def _recipe_in(root: Path, name: str) -> Path:
-    """The recipe file as the job will find it: a shipped name, an absolute path (on a mount the cluster shares),
-    or a relative path inside the uploaded directory; a relative path outside it would not exist there."""
-    from services.run.config import resolve_config_path
+    """The recipe file as the job will find it: a shipped name (the job finds its own copy, services/run/recipes), an
+    absolute path (on a mount the cluster shares), or a relative path inside the uploaded directory; a relative path
+    outside it would not exist there."""
+    from services.run.config import recipes_dir, resolve_config_path
 
     if Path(name).is_absolute():
         return resolve_config_path(name)
     inside = root / name
     path = inside if inside.is_file() else resolve_config_path(name)
+    if not inside.is_file() and path.resolve().is_relative_to(recipes_dir().resolve()):
+        return path
     try:
         path.resolve().relative_to(root)
     except ValueError:
         raise ConfigError(
             f"--config {name}: {path.resolve()} is outside the working directory {root}, which is all the job gets; "
-            "put the recipe under it (e.g. configs/), give an absolute path on a mount the cluster shares, or pass "
-            "--working-dir"
+            "put the recipe under it, give an absolute path on a mount the cluster shares, or pass --working-dir"
         ) from None
     return path
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.resources
 import json
 import math
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -18,7 +20,10 @@ from typing import Any
 from albert_core.config import AlbertConfig, ConfigError
 from services.run.fields import check_value, parse_text, type_hints
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+# The shipped recipes are package data of this package (services/run/recipes/, experiment specs in its experiments/),
+# found through importlib.resources in a checkout and in an installed wheel alike. A checkout's configs/ is a link to
+# that folder, so paths written configs/NAME.toml work there, and resolve_config_path maps them anywhere else.
+RECIPES_PACKAGE, RECIPES_FOLDER, CHECKOUT_FOLDER = "services.run", "recipes", "configs"
 
 
 @dataclass
@@ -396,19 +401,33 @@ _SECTION_TYPES = {
 }
 
 
-def resolve_config_path(path: str | Path) -> Path:
-    """A path, or the name of a shipped recipe (`tiny` -> configs/tiny.toml)."""
+def recipes_dir() -> Path:
+    """The folder of the shipped recipes (package data)."""
+    return Path(str(importlib.resources.files(RECIPES_PACKAGE).joinpath(RECIPES_FOLDER)))
+
+
+def resolve_config_path(path: str | Path, *, kind: str = "") -> Path:
+    """A recipe file: a path that exists, else a shipped one named `NAME` (`tiny` -> recipes/tiny.toml) or written
+    as a checkout path (`configs/tiny.toml`). kind "experiments": experiment specs (recipes/experiments/)."""
     candidate = Path(path)
     if candidate.is_file():
         return candidate
-    shipped = CONFIG_DIR / f"{path}.toml"
-    if shipped.is_file():
-        return shipped
-    raise ConfigError(f"{path}: no such config file (shipped recipes: {', '.join(shipped_recipes())})")
+    folder = recipes_dir() / kind
+    name = str(path).removesuffix(".toml")
+    if re.fullmatch(r"[A-Za-z0-9._-]+", name) and (folder / f"{name}.toml").is_file():
+        return folder / f"{name}.toml"
+    parts = candidate.parts
+    if not candidate.is_absolute() and parts[:1] == (CHECKOUT_FOLDER,) and len(parts) > 1:
+        shipped = recipes_dir().joinpath(*parts[1:])
+        if shipped.is_file():
+            return shipped
+    what = "experiment spec" if kind else "config file"
+    raise ConfigError(f"{path}: no such {what} (shipped: {', '.join(shipped_recipes(kind))})")
 
 
-def shipped_recipes() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+def shipped_recipes(kind: str = "") -> list[str]:
+    """The names of the shipped recipes (kind "experiments": of the experiment specs)."""
+    return sorted(p.stem for p in (recipes_dir() / kind).glob("*.toml"))
 
 
 def _build_sections(data: dict[str, Any]) -> dict[str, Any]:
