@@ -188,7 +188,13 @@ def finished_run(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "args",
-    [["--help"], ["status", "RUN"], ["eval", "list", "RUN"], ["model", "info", "--preset", "albert-base"]],
+    [
+        ["--help"],
+        ["status", "RUN"],
+        ["eval", "list", "RUN"],
+        ["model", "info", "--preset", "albert-base"],
+        ["config", "show", "tiny", "--set", "model.overrides.position_bias=none"],
+    ],
     ids=lambda args: " ".join(args),
 )
 def test_offline_commands_run_without_ray_or_torch(args, finished_run):

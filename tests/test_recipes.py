@@ -147,3 +147,185 @@ def test_a_spec_with_an_unknown_field_names_the_valid_ones_and_the_spec():
         spec(set={"model.overrides.shraing": "none"})
     message = str(err.value)
     assert message.startswith("spec.toml: cell base: model.overrides.shraing") and "sharing" in message
+
+
+# --- albert config show, albert pretrain --dry-run ------------------------------------------------------------------
+
+
+def test_config_show_prints_the_resolved_recipe_as_toml_that_loads_back_to_the_same_config(capsys, tmp_path):
+    from albert_core.config import count_parameters
+    from services.cli import main
+
+    sets = ["model.overrides.position_bias=none", "run.name=2024", "data.mixture={a = 1}", "data.follow=true"]
+    assert main(["config", "show", "tiny", *[a for s in sets for a in ("--set", s)]]) == 0
+    shown = capsys.readouterr().out
+    (tmp_path / "shown.toml").write_text(shown)
+    expected = load(*sets)
+    assert RunConfig.load(tmp_path / "shown.toml").to_dict() == expected.to_dict()
+    params = count_parameters(expected.model_config(30000)) / 1e6
+    assert f"# model: {params:.2f}M parameters (albert-tiny; vocab_size 30000: assumed" in shown
+
+
+def test_config_show_counts_the_parameters_with_the_shard_sets_vocabulary(capsys, tmp_path):
+    from albert_core.config import count_parameters
+    from services.cli import main
+
+    (tmp_path / "manifest.json").write_text('{"vocab_size": 96}')
+    assert main(["config", "show", "tiny", "--set", f"data.shards={tmp_path}"]) == 0
+    params = count_parameters(load(f"data.shards={tmp_path}").model_config(96)) / 1e6
+    assert f"{params:.2f}M parameters (albert-tiny; vocab_size 96: data.shards'" in capsys.readouterr().out
+
+
+def test_config_show_refuses_a_bad_set_in_one_line(capsys):
+    from services.cli import main
+
+    assert main(["config", "show", "tiny", "--set", "train.num_worker=2"]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--set train.num_worker=2" in err and "num_workers" in err
+
+
+@pytest.fixture
+def shards(tmp_path):
+    from tests.test_train import write_shards
+
+    return write_shards(tmp_path / "shards")
+
+
+def pretrain_args(tmp_path, shards, *more: str) -> list[str]:
+    sets = [f"data.shards={shards}", f"run.output_dir={tmp_path / 'runs'}", "run.name=r", "optim.warmup_steps=10"]
+    return ["pretrain", "--config", "tiny", *[a for s in sets for a in ("--set", s)], *more]
+
+
+def test_dry_run_prints_the_whole_plan_and_starts_or_writes_nothing(capsys, tmp_path, shards):
+    from services.cli import main
+
+    before = sorted(p.name for p in shards.rglob("*"))
+    assert main(pretrain_args(tmp_path, shards, "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert f"run r: {(tmp_path / 'runs' / 'r').resolve()} (a new run)" in out
+    assert "model: albert-tiny, 2 layers, H 64, E 64, 2 heads, sharing all, vocab 96:" in out
+    assert f"shards: {shards.resolve()}, version 1, 66 examples" in out and "part part-0: 4 files, 66 examples" in out
+    assert "workers: 2, each 1 CPU; backend cpu, fp32" in out
+    assert "batch: 32 examples a step = micro-batch 16 x 1 accumulated x 2 workers, 128 tokens" in out
+    assert "steps: 4000 (4000 to go), adamw lr 0.003, warmup 10, decay over the last 1200" in out
+    assert "epochs: 66 examples each (2.1 steps); 1939.39 epochs in all" in out
+    assert "checkpoints: every 500 steps and at the end (8 in all), keep the last 2" in out
+    assert "held-out evaluation: every 500 steps and at the end" in out
+    assert not (tmp_path / "runs").exists()  # no run directory made
+    assert sorted(p.name for p in shards.rglob("*")) == before  # no unigram counts stored
+    ray = __import__("sys").modules.get("ray")
+    assert ray is None or not ray.is_initialized()
+
+
+def test_dry_run_refuses_what_the_run_would_refuse(capsys, tmp_path, shards):
+    from services.cli import main
+
+    assert main(pretrain_args(tmp_path, shards, "--set", "data.sop_order=epoch", "--dry-run")) != 0
+    assert 'data.sop_order: "epoch" redraws the order of SOP pairs' in capsys.readouterr().err
+    assert main(pretrain_args(tmp_path, shards, "--set", "train.global_batch_size=128", "--dry-run")) != 0
+    assert "train.global_batch_size: 128 examples per step" in capsys.readouterr().err
+
+
+# --- a resume under a changed recipe ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def started_run(tmp_path, shards):
+    """A run directory as a started run leaves it: coordinator.json (the ledger's, with the config of record) and a
+    checkpoint directory."""
+    from services.run.ledger import RunLedger
+
+    config = RunConfig.load(
+        "tiny",
+        {"data.shards": str(shards), "run.output_dir": str(tmp_path / "runs"), "run.name": "r",
+         "optim.warmup_steps": 10},
+    )  # fmt: skip
+    RunLedger(config.run_dir, "r", config.to_dict())
+    (config.run_dir / "checkpoints" / "step_00000500").mkdir(parents=True)
+    return config
+
+
+def test_a_resume_that_changes_the_model_or_the_optimizer_is_refused_naming_each_field_with_both_values(started_run):
+    from services.run.resume import check_resume_changes
+
+    changed = RunConfig.load(
+        "tiny",
+        {**{f"run.{k}": v for k, v in (("output_dir", started_run.run.output_dir), ("name", "r"))},
+         "data.shards": started_run.data.shards, "optim.warmup_steps": 10,
+         "optim.lr": 0.001, "model.overrides.hidden_size": 128},
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        check_resume_changes(started_run.run_dir, changed)
+    message = str(err.value)
+    assert "model.overrides.hidden_size: 64 -> 128" in message and "optim.lr: 0.003 -> 0.001" in message
+    assert "--allow-config-change model.overrides.hidden_size optim.lr" in message
+    allowed = check_resume_changes(started_run.run_dir, changed, ["optim.lr", "model.overrides.hidden_size"])
+    assert allowed == {"model.overrides.hidden_size": [64, 128], "optim.lr": [0.003, 0.001]}
+    assert check_resume_changes(started_run.run_dir, changed, ["optim", "model.overrides"]) == allowed
+
+
+def test_the_schedule_step_budget_evaluation_and_worker_layout_may_change_without_asking(started_run):
+    from services.run.resume import check_resume_changes
+
+    safe = {
+        "optim.total_steps": 8000, "optim.warmup_steps": 20, "optim.decay_steps": 2000, "eval.every_steps": 250,
+        "eval.heldout_batches": 4, "train.checkpoint_every": 250, "train.num_workers": 1,
+        "train.micro_batch_size": 32, "data.follow": True,
+    }  # fmt: skip
+    base = {"data.shards": started_run.data.shards, "run.output_dir": started_run.run.output_dir, "run.name": "r"}
+    changes = check_resume_changes(started_run.run_dir, RunConfig.load("tiny", {**base, **safe}))
+    assert set(changes) == set(safe) and changes["optim.total_steps"] == [4000, 8000]
+
+
+def test_an_unknown_field_in_allow_config_change_names_the_sections(started_run):
+    from services.run.resume import check_resume_changes
+
+    with pytest.raises(ConfigError, match="--allow-config-change optim.learning_rate: not a field"):
+        check_resume_changes(started_run.run_dir, started_run, ["optim.learning_rate"])
+
+
+def test_pretrain_refuses_a_changed_resume_before_ray_starts(started_run, capsys, monkeypatch):
+    from services.cli import main
+    from services.train import pretrain
+
+    monkeypatch.setattr(pretrain, "connect", lambda *a: pytest.fail("Ray was started"))
+    argv = ["pretrain", "--config", "tiny", "--resume", str(started_run.run_dir),
+            "--set", f"data.shards={started_run.data.shards}", "--set", "optim.warmup_steps=10"]  # fmt: skip
+    assert main([*argv, "--set", "optim.lr=0.001"]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "optim.lr: 0.003 -> 0.001" in err
+    assert main([*argv, "--set", "optim.lr=0.001", "--dry-run"]) != 0  # the dry run refuses it alike
+    assert "optim.lr: 0.003 -> 0.001" in capsys.readouterr().err
+    assert main([*argv, "--set", "optim.lr=0.001", "--allow-config-change", "optim.lr", "--dry-run"]) == 0
+    assert "optim.lr: 0.003 -> 0.001" in capsys.readouterr().out
+
+
+def test_a_resume_under_another_config_warns_on_the_console_through_the_runs_events(tmp_path):
+    """The worker's warning becomes a `warning` event, which the driver's live view prints (a local Ray does not
+    pass worker logs to the console)."""
+    from types import SimpleNamespace
+
+    from albert_core.tokenization import TokenIds
+    from services.run.report import event_lines
+    from services.train import worker as loop
+    from services.train.plan import ShardSet, WorkerPlan
+    from services.train.state import TrainerState
+
+    events = []
+    record = SimpleNamespace(
+        latest_good_checkpoint=lambda: "/runs/r/checkpoints/step_00000004",
+        event=lambda step, event, **fields: events.append({"step": step, "event": event, **fields}),
+    )
+    backend = SimpleNamespace(load=lambda *a: TrainerState(step=4, config_hash="another", micro_batch_size=16))
+    shards = ShardSet("/shards", ("/shards/train/a.parquet",), (100,), (1,), ("part-0",), ("",))
+    config = RunConfig.load("tiny", {"data.shards": "/shards", "run.output_dir": str(tmp_path)})
+    plan = WorkerPlan(run=config, run_dir=str(tmp_path / "r"), token_ids=TokenIds(vocab_size=64), shards=shards)
+    worker = loop.Worker(plan, rank=0, world=2, distributed=False, backend=backend, record=record, shards=shards)
+    model = SimpleNamespace(config=SimpleNamespace(hidden_dropout_prob=0.0))
+    loop.resume(worker, model, None, None)
+    warnings = [e for e in events if e["event"] == "warning"]
+    (warning,) = [w for w in warnings if "written under a different run config" in w["message"]]
+    assert event_lines(warning) == [f"warning @ step 4: {warning['message']}"]
+    changed = {"event": "config_changed", "step": 4, "changed": {"optim.lr": [0.003, 0.001]}}
+    assert event_lines(changed) == ["config changed @ step 4: optim.lr: 0.003 -> 0.001"]
+    assert any("resumed by 2 x 16" in w["message"] for w in warnings)  # another worker count, said alike

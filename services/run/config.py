@@ -391,7 +391,7 @@ def _check_eval(e: EvalSection) -> None:
         raise ConfigError(f"eval.task_data: no data directory for task {missing[0]!r}")
 
 
-_SECTION_TYPES = {
+SECTION_TYPES = {
     "run": RunSection,
     "model": ModelSection,
     "data": DataSection,
@@ -431,11 +431,11 @@ def shipped_recipes(kind: str = "") -> list[str]:
 
 
 def _build_sections(data: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(data) - set(_SECTION_TYPES))
+    unknown = sorted(set(data) - set(SECTION_TYPES))
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section (expected {', '.join(_SECTION_TYPES)})")
+        raise ConfigError(f"{unknown[0]}: unknown section (expected {', '.join(SECTION_TYPES)})")
     built = {}
-    for name, section_cls in _SECTION_TYPES.items():
+    for name, section_cls in SECTION_TYPES.items():
         values = data.get(name, {})
         if not isinstance(values, dict):
             raise ConfigError(f"{name}: expected a table, got {type(values).__name__}")
@@ -516,10 +516,10 @@ def merge_fields(data: dict[str, Any], overrides: Mapping[str, Any], *, origin: 
 def _merge_one(data: dict[str, Any], dotted: str, value: Any) -> list[str]:
     """Set one dotted field; returns the names config errors about it start with."""
     section, _, rest = dotted.partition(".")
-    if section not in _SECTION_TYPES:
-        raise ConfigError(f"unknown section {section!r} (expected {', '.join(_SECTION_TYPES)})")
+    if section not in SECTION_TYPES:
+        raise ConfigError(f"unknown section {section!r} (expected {', '.join(SECTION_TYPES)})")
     name, _, deeper = rest.partition(".")
-    hints = type_hints(_SECTION_TYPES[section])
+    hints = type_hints(SECTION_TYPES[section])
     if name not in hints:
         raise ConfigError(f"unknown field of [{section}] (expected one of {', '.join(hints)})")
     table = _table(data, section)

@@ -105,18 +105,19 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def to_toml(sections: dict[str, dict[str, Any]]) -> str:
-    """A recipe's sections as TOML that tomllib reads back to the same dict; a field whose value is None (TOML has
-    no null) is written as a comment."""
+    """A recipe's sections as TOML that tomllib reads back to the same dict: each section's values, then each of its
+    non-empty tables as `[section.name]`. A value of None (TOML has no null) is written as a comment."""
     lines: list[str] = []
     for name, values in sections.items():
-        lines.append(f"[{_key(name)}]")
-        for key, value in values.items():
-            if value is None:
-                lines.append(f"# {_key(key)}: none")
-            else:
-                lines.append(f"{_key(key)} = {toml_value(value)}")
-        lines.append("")
+        tables = {k: v for k, v in values.items() if isinstance(v, dict) and v}
+        lines += [f"[{_key(name)}]", *_entries({k: v for k, v in values.items() if k not in tables}), ""]
+        for key, table in tables.items():
+            lines += [f"[{_key(name)}.{_key(key)}]", *_entries(table), ""]
     return "\n".join(lines)
+
+
+def _entries(values: dict[str, Any]) -> list[str]:
+    return [f"# {_key(k)}: none" if v is None else f"{_key(k)} = {toml_value(v)}" for k, v in values.items()]
 
 
 def toml_value(value: Any) -> str:

@@ -68,13 +68,25 @@ class LiveView:
                     progress.update(task, completed=step, status=_status_line(record))
                 elif record.get("kind") == "eval":
                     _say(progress, f"eval @ step {step}: {_fmt(record, EVAL_KEYS)}")
-                elif record.get("kind") == "event" and record.get("event") in HEALTH_EVENTS:
-                    _say(progress, f"{record['event']} @ step {step}: {record.get('message')}")
-                    _say(progress, f"  remedy: {record.get('remedy')}")
                 elif record.get("kind") == "event":
-                    _say(progress, f"event @ step {step}: {record.get('event')}")
+                    for line in event_lines(record):
+                        _say(progress, line)
         if writer is not None:
             writer.close()
+
+
+def event_lines(record: dict[str, Any]) -> list[str]:
+    """What the console says of a run event: health events with their remedy, warnings (from the workers, whose own
+    logs a local run does not show) and config changes in full, other events by name."""
+    event, step = record.get("event"), record.get("step", 0)
+    if event in HEALTH_EVENTS:
+        return [f"{event} @ step {step}: {record.get('message')}", f"  remedy: {record.get('remedy')}"]
+    if event == "warning":
+        return [f"warning @ step {step}: {record.get('message')}"]
+    if event == "config_changed":
+        changed = record.get("changed") or {}
+        return [f"config changed @ step {step}: " + "; ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in changed.items())]
+    return [f"event @ step {step}: {event}"]
 
 
 def _say(progress, line: str) -> None:

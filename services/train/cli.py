@@ -10,15 +10,28 @@ from pathlib import Path
 def cmd_pretrain(args: argparse.Namespace) -> int:
     from services.run.config import RunConfig, parse_sets
     from services.train.interrupt import StoppedAtOnce
-    from services.train.pretrain import pretrain
 
     overrides = parse_sets(args.set)
     if args.resume:
         run_dir = Path(args.resume)
         overrides.update({"run.name": run_dir.name, "run.output_dir": str(run_dir.parent)})
     config = RunConfig.load(args.config, overrides)
+    if args.dry_run:
+        from services.train.dry_run import dry_run
+
+        for line in dry_run(config, resume=not args.fresh, allow_config_change=args.allow_config_change):
+            print(line)
+        return 0
+    from services.train.pretrain import pretrain
+
     try:
-        result = pretrain(config, address=args.address, resume=not args.fresh, progress=not args.no_progress)
+        result = pretrain(
+            config,
+            address=args.address,
+            resume=not args.fresh,
+            progress=not args.no_progress,
+            allow_config_change=args.allow_config_change,
+        )
     except StoppedAtOnce:
         from services.run.checkpoints import CHECKPOINTS_DIR, latest_good
 
@@ -40,5 +53,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     pre.add_argument("--resume", metavar="RUN_DIR", help="continue this run directory from its newest good checkpoint")
     pre.add_argument("--fresh", action="store_true", help="refuse to reuse a run directory that has checkpoints")
     pre.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a field")
-    pre.add_argument("--no-progress", action="store_true")
+    pre.add_argument(
+        "--allow-config-change",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="FIELD",
+        help="resume although the recipe changes these fields (SECTION.FIELD, model.overrides.FIELD or SECTION) "
+        "from the run's; the schedule, step budget, evaluation, checkpointing and worker layout may change without",
+    )
+    pre.add_argument(
+        "--dry-run", action="store_true", help="make the whole plan (every check) and print it; start nothing"
+    )
+    pre.add_argument("--no-progress", action="store_true", help="no progress bar")
     pre.set_defaults(func=cmd_pretrain)

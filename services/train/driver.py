@@ -62,7 +62,11 @@ def run_pretraining(
     return result_of(config)
 
 
-def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coordinator_name: str | None) -> WorkerPlan:
+def make_plan(
+    config: RunConfig, *, shards_dir: Path | None, resume: bool, coordinator_name: str | None, dry_run: bool = False
+) -> WorkerPlan:
+    """Every check before Ray, and the plan the workers get. dry_run: the checks and the plan only, nothing written
+    (no run directory made, no unigram counts stored: `albert pretrain --dry-run`)."""
     config.validate()
     t = config.train
     pjrt_device = None
@@ -80,7 +84,7 @@ def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coord
     shards_dir = Path(shards_dir).resolve()
     shards = plan_data(shards_dir, config)
     ids = resolve_token_ids(shards_dir, config)
-    if config.model.mlm_bias_init == "unigram":
+    if config.model.mlm_bias_init == "unigram" and not dry_run:
         unigram_for(shards_dir, config)  # counted once per shard set, then read by every worker
     run_dir = config.run_dir.resolve()
     init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
@@ -92,12 +96,13 @@ def make_plan(config: RunConfig, *, shards_dir: Path | None, resume: bool, coord
         raise ConfigError(
             f"run.name: {run_dir} already holds checkpoints; resume it, or choose another run.name / run.output_dir"
         )
-    if not resume:
+    if not resume and not dry_run:
         shutil.rmtree(run_dir / "ray" / config.run.name, ignore_errors=True)  # Ray would restore its old run state
-    run_dir.mkdir(parents=True, exist_ok=True)
     stop_after, trace = os.environ.get(STOP_ENV), os.environ.get(TRACE_ENV)
-    if trace:
-        Path(trace).mkdir(parents=True, exist_ok=True)
+    if not dry_run:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if trace:
+            Path(trace).mkdir(parents=True, exist_ok=True)
     return WorkerPlan(
         run=config,
         run_dir=str(run_dir),

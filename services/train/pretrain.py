@@ -4,6 +4,8 @@ a live progress bar and TensorBoard events, then scheduled evaluations are await
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import ray
@@ -12,6 +14,7 @@ from albert_core.shards import ShardsManifest
 from services.cluster import connect, coordinator_name
 from services.run.config import RunConfig
 from services.run.report import LiveView, write_report
+from services.run.resume import check_resume_changes, describe_changes
 from services.train.coordinator import get_or_create_coordinator
 from services.train.driver import TrainResult, make_plan, result_of, run_pretraining
 
@@ -19,9 +22,17 @@ log = logging.getLogger(__name__)
 
 
 def pretrain(
-    config: RunConfig, *, address: str | None = None, resume: bool = True, progress: bool = True
+    config: RunConfig,
+    *,
+    address: str | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    allow_config_change: Sequence[str] = (),
 ) -> TrainResult:
-    """One pretraining run to optim.total_steps (resuming from its newest good checkpoint), then its report."""
+    """One pretraining run to optim.total_steps (resuming from its newest good checkpoint), then its report.
+
+    A resume under a recipe that changes fields other than those safe to change (services.run.resume) is refused
+    before Ray starts unless `allow_config_change` names them; the changes it makes are printed."""
     config.validate()
     if resume and (done := result_of(config)).finished:  # before Ray starts: nothing to train
         print(
@@ -29,6 +40,9 @@ def pretrain(
             "To train on, raise optim.total_steps; for a new run, choose another run.name"
         )
         return done
+    changes = check_resume_changes(config.run_dir, config, allow_config_change) if resume else {}
+    for line in describe_changes(changes):
+        print(f"albert: resuming {config.run.name} with a changed config: {line}", file=sys.stderr)
     plan = make_plan(config, shards_dir=None, resume=resume, coordinator_name=coordinator_name(config.run.name))
     connect(address)  # every check above ran before Ray started
     run_dir = config.run_dir.resolve()

@@ -170,13 +170,13 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
                 state.step, "resumed", checkpoint=choice, workers=worker.world, written_by_workers=state.world_size
             )
         if (state.world_size, state.micro_batch_size) != (worker.world, t.micro_batch_size):
-            log.warning(
-                "%s: written by %d workers x micro-batch %d, resumed by %d x %d; the data position carries over",
-                choice, state.world_size, state.micro_batch_size, worker.world, t.micro_batch_size,
-            )  # fmt: skip
+            warn(worker, state.step, f"{choice}: written by {state.world_size} workers x micro-batch "
+                 f"{state.micro_batch_size}, resumed by {worker.world} x {t.micro_batch_size}; the data position "
+                 "carries over")  # fmt: skip
             state.world_size, state.micro_batch_size = worker.world, t.micro_batch_size
         if state.config_hash != config_hash(plan.run):
-            log.warning("%s: written under a different run config; continuing with the new one", choice)
+            warn(worker, state.step, f"{choice}: written under a different run config; continuing with the new one "
+                 "(the changed fields: the run's config_changed event)")  # fmt: skip
         log.info("rank %d resumes from %s at step %d (epoch %d)", worker.rank, choice, state.step, state.epoch)
     elif plan.init_from:
         from albert_core.stacking import load_stacked
@@ -191,6 +191,14 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
         for stale in plan.checkpoints.glob(".step_*"):  # temporaries of a save that crashed
             shutil.rmtree(stale, ignore_errors=True)
     return state
+
+
+def warn(worker: Worker, step: int, message: str) -> None:
+    """A warning for the user: logged, and (rank 0) a `warning` event in the run's metrics log, which the driver's
+    console prints (services.run.report.LiveView): a local run's worker logs do not reach the console."""
+    log.warning("%s", message)
+    if worker.record is not None:
+        worker.record.event(step, "warning", message=message)
 
 
 def _from_rank0(values: list[Any], worker: Worker) -> list[Any]:

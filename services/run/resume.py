@@ -1,0 +1,112 @@
+"""What a resume may change: the run's config of record (coordinator.json's `config`, the config its last start used
+and its checkpoints were written under) against the config the resume starts with.
+
+A resume under a changed recipe is refused before Ray starts, naming each changed field with both values, unless
+the field is safe to change (SAFE_TO_CHANGE: the step budget and schedule, evaluation, checkpointing and logging,
+the worker layout, the documented data changes) or the user allows it (`--allow-config-change FIELD...`). An allowed
+change is then recorded by the ledger (config_history, a `config_changed` event) and takes effect as deploy.md
+("Changing a run between resumes") describes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from albert_core.config import AlbertConfig, ConfigError
+from services.run.checkpoints import CHECKPOINTS_DIR, list_checkpoints
+from services.run.config import SECTION_TYPES, RunConfig, config_changes
+from services.run.fields import type_hints
+from services.run.ledger import STATE_FILE
+
+OVERRIDES = "model.overrides"
+
+# Fields a resume changes without --allow-config-change: none of them changes what the saved weights, optimizer
+# state and data position mean. The step budget and its schedule (a finished run trains on with a larger
+# total_steps), evaluation, checkpointing and logging, the health policies, the worker layout (exact resume on any
+# worker count and micro-batch), and data.follow / data.mixture (from the next epoch boundary).
+SAFE_TO_CHANGE = (
+    *("run.name", "run.output_dir"),  # the run directory itself, given by --resume
+    *("optim.total_steps", "optim.warmup_steps", "optim.decay_steps", "train.max_seconds"),
+    "eval",  # every eval.* field
+    *("train.log_every", "train.checkpoint_every", "train.keep_last", "train.stall_seconds"),
+    *("train.startup_timeout_s", "train.max_failures"),
+    *("train.on_divergence", "train.divergence_factor", "train.rollback_lr_scale", "train.max_rollbacks"),
+    *("train.num_workers", "train.min_workers", "train.micro_batch_size", "train.cpus_per_worker"),
+    *("train.resources_per_worker", "train.compile"),
+    *("data.follow", "data.mixture"),
+)
+
+
+def recorded_config(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's config of record, or None for a directory no run has started in (or whose state is unreadable:
+    the ledger says why when the run starts)."""
+    path = Path(run_dir) / STATE_FILE
+    try:
+        config = json.loads(path.read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """config_changes with model.overrides split into its fields: "model.overrides.hidden_size" -> [64, 128]."""
+    changed = config_changes(dict(before), dict(after))
+    overrides = changed.pop(OVERRIDES, None)
+    if overrides is not None:
+        old, new = (v if isinstance(v, dict) else {} for v in overrides)
+        for name in sorted(set(old) | set(new)):
+            if old.get(name) != new.get(name):
+                changed[f"{OVERRIDES}.{name}"] = [old.get(name), new.get(name)]
+    return dict(sorted(changed.items()))
+
+
+def check_field_names(names: Iterable[str]) -> None:
+    """--allow-config-change names: a section, section.field, or model.overrides.FIELD (an AlbertConfig field)."""
+    sections = SECTION_TYPES
+    for name in names:
+        section, _, rest = name.partition(".")
+        field, _, deeper = rest.partition(".")
+        known = section in sections and (not field or field in type_hints(sections[section]))
+        if deeper:
+            known = known and f"{section}.{field}" == OVERRIDES and deeper in type_hints(AlbertConfig)
+        if not known:
+            raise ConfigError(
+                f"--allow-config-change {name}: not a field of the run config (expected SECTION, SECTION.FIELD or "
+                f"model.overrides.FIELD; sections: {', '.join(sections)})"
+            )
+
+
+def allowed_by(field: str, names: Iterable[str]) -> bool:
+    """Whether a changed field is covered by one of `names`: itself, its section, or model.overrides."""
+    return any(field == name or field.startswith(name + ".") for name in names)
+
+
+def check_resume_changes(run_dir: str | Path, config: RunConfig, allowed: Sequence[str] = ()) -> dict[str, list[Any]]:
+    """The fields a resume of `run_dir` under `config` changes (all of them safe or allowed); ConfigError naming
+    each refused field with both values. A directory without checkpoints is a new run: nothing to compare."""
+    check_field_names(allowed)
+    run_dir = Path(run_dir)
+    recorded = recorded_config(run_dir)
+    if recorded is None or not list_checkpoints(run_dir / CHECKPOINTS_DIR):
+        return {}
+    changed = field_changes(recorded, config.to_dict())
+    refused = {k: v for k, v in changed.items() if not allowed_by(k, (*SAFE_TO_CHANGE, *allowed))}
+    if refused:
+        fields = "; ".join(f"{k}: {_show(v[0])} -> {_show(v[1])}" for k, v in refused.items())
+        raise ConfigError(
+            f"{run_dir}: resuming with a recipe that differs from the run's ({run_dir / STATE_FILE}) in {fields}. "
+            f"Resume with the run's recipe, or allow the change: --allow-config-change {' '.join(refused)}"
+        )
+    return changed
+
+
+def describe_changes(changed: Mapping[str, list[Any]]) -> list[str]:
+    """One line per changed field: `field: before -> after`."""
+    return [f"{k}: {_show(v[0])} -> {_show(v[1])}" for k, v in changed.items()]
+
+
+def _show(value: Any) -> str:
+    return "(unset)" if value is None else json.dumps(value)

@@ -1,0 +1,102 @@
+"""`albert pretrain --dry-run`: the whole plan of a run, made with every check the driver makes before Ray starts
+(services.train.driver.make_plan: the recipe, the shard set, the vocabulary, model.init_from, the run directory, a
+resume's config changes), then printed. Nothing is written and Ray is not started."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from albert_core.config import count_parameters
+from services.run.checkpoints import CHECKPOINTS_DIR, latest_good, read_trainer_json
+from services.run.config import RunConfig
+from services.run.resume import check_resume_changes, describe_changes
+from services.train.driver import make_plan
+from services.train.plan import WorkerPlan
+
+
+def dry_run(config: RunConfig, *, resume: bool, allow_config_change: Sequence[str] = ()) -> list[str]:
+    """The plan's lines; ConfigError / ValueError as the real run would refuse it."""
+    config.validate()
+    changes = check_resume_changes(config.run_dir, config, allow_config_change) if resume else {}
+    plan = make_plan(config, shards_dir=None, resume=resume, coordinator_name=None, dry_run=True)
+    newest = latest_good(config.run_dir / CHECKPOINTS_DIR) if resume else None
+    start = read_trainer_json(newest)["state"]["step"] if newest is not None else 0
+    lines = plan_lines(plan, start_step=start)
+    if changes:
+        lines.append("changed since the run's last start (allowed):")
+        lines += [f"  {line}" for line in describe_changes(changes)]
+    lines.append("dry run: every check passed; nothing was started or written")
+    return lines
+
+
+def plan_lines(plan: WorkerPlan, *, start_step: int = 0) -> list[str]:
+    """What the run will do: the run directory, the model, the shard set, the workers, steps, epochs, checkpoints."""
+    config = plan.run
+    o, t, e = config.optim, config.train, config.eval
+    model = config.model_config(plan.token_ids.vocab_size)
+    where = f"resumes from step {start_step}" if start_step else "a new run"
+    lines = [
+        f"run {config.run.name}: {plan.run_dir} ({where})",
+        f"model: {config.model.preset}, {model.num_hidden_layers} layers, H {model.hidden_size}, E "
+        f"{model.embedding_size}, {model.num_attention_heads} heads, sharing {model.sharing}, vocab "
+        f"{model.vocab_size}: {count_parameters(model) / 1e6:.2f}M parameters",
+        *shard_lines(plan),
+        *worker_lines(config),
+        f"steps: {o.total_steps} ({o.total_steps - start_step} to go), {o.name} lr {o.lr:g}, warmup {o.warmup_steps}"
+        + (f", decay over the last {o.decay_steps}" if o.decay_steps else ", linear decay to 0")
+        + (f", clock {o.clock}" if o.clock != "steps" else "")
+        + (f"; budget {t.max_seconds:g} s of training" if t.max_seconds else ""),
+        *epoch_lines(plan),
+        f"checkpoints: every {t.checkpoint_every} steps and at the end ({checkpoint_count(config)} in all), "
+        f"keep the last {t.keep_last}, in {plan.checkpoints}",
+        "held-out evaluation: "
+        + (f"every {e.every_steps} steps and at the end" if e.every_steps else "at the end")
+        + (f"; tasks {', '.join(e.tasks)}" if e.tasks else ""),
+    ]
+    if t.dropout_removal_step:
+        lines.append(f"dropout {model.hidden_dropout_prob:g} removed at step {t.dropout_removal_step}")
+    if plan.init_from:
+        lines.append(f"initialized from {plan.init_from}")
+    return lines
+
+
+def shard_lines(plan: WorkerPlan) -> list[str]:
+    shards, d = plan.shards, plan.run.data
+    lines = [f"shards: {shards.directory}, version {shards.version}, {sum(shards.rows_per_file)} examples"]
+    first = 0
+    for name, files in zip(shards.part_names, shards.part_files, strict=True):
+        rows = sum(shards.rows_per_file[first : first + files])
+        lines.append(f"  part {name}: {files} file{'s' if files != 1 else ''}, {rows} examples")
+        first += files
+    if d.mixture:
+        lines.append(f"  mixture: {d.mixture}")
+    if d.follow:
+        lines.append("  follows the shard set: each epoch trains on its newest version")
+    return lines
+
+
+def worker_lines(config: RunConfig) -> list[str]:
+    t = config.train
+    count = f"{t.min_workers} to {t.num_workers} (elastic)" if t.min_workers else str(t.num_workers)
+    resources = "".join(f" + {amount:g} {name}" for name, amount in t.resources_per_worker.items())
+    return [
+        f"workers: {count}, each {t.cpus_per_worker} CPU{resources}; backend {t.backend}, {t.precision}"
+        + (", compiled" if t.compile else ""),
+        f"batch: {t.global_batch_size} examples a step = micro-batch {t.micro_batch_size} x {t.accumulation} "
+        f"accumulated x {t.num_workers} workers, {config.data.max_seq_length} tokens",
+    ]
+
+
+def epoch_lines(plan: WorkerPlan) -> list[str]:
+    config = plan.run
+    order = plan.shards.order(plan.shards.version, config.run.seed, config.data.mixture)
+    per_epoch = order.epoch_size(0)
+    batch = config.train.global_batch_size
+    epochs = config.optim.total_steps * batch / per_epoch
+    return [f"epochs: {per_epoch} examples each ({per_epoch / batch:.1f} steps); {epochs:.2f} epochs in all"]
+
+
+def checkpoint_count(config: RunConfig) -> int:
+    """Checkpoints the run saves: each multiple of train.checkpoint_every, and the last step."""
+    total, every = config.optim.total_steps, config.train.checkpoint_every
+    return total // every + (1 if total % every else 0)
