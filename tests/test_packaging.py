@@ -165,3 +165,17 @@ def test_a_shipped_recipe_name_submits_from_any_working_directory(tmp_path):
     outside.write_text((recipes_dir() / "tiny.toml").read_text())
     with pytest.raises(ConfigError, match="outside the working directory"):
         prepare_job_args("pretrain", ["--config", os.path.relpath(outside)], tmp_path)
+
+
+def test_albert_config_show_tiny_runs_from_the_unpacked_wheel(wheel, tmp_path):
+    site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    zipfile.ZipFile(wheel).extractall(site)
+    elsewhere.mkdir()
+    done = run_from(site, elsewhere, "import sys; from services.cli import main; sys.exit(main(sys.argv[1:]))")
+    assert done.returncode == 2 and "albert" in done.stderr  # no command: usage
+    code = "import sys; from services.cli import main; sys.exit(main(['config', 'show', 'tiny']))"
+    done = run_from(site, elsewhere, code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = tomllib.loads(done.stdout)
+    assert shown["optim"]["total_steps"] == 4000 and shown["model"]["overrides"]["hidden_size"] == 64
+    assert str(site / "services" / "run" / "recipes" / "tiny.toml") in done.stdout
