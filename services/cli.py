@@ -11,7 +11,8 @@ import argparse
 import os
 import sys
 
-from services import demo
+from services import __version__, demo
+from services.cluster import JobFailedError
 from services.data import cli as data_cli
 from services.eval import cli as eval_cli
 from services.experiments import cli as experiments_cli
@@ -19,12 +20,28 @@ from services.finetune import cli as finetune_cli
 from services.jobs import cli as jobs_cli
 from services.preprocess import cli as preprocess_cli
 from services.run import cli as run_cli
-from services.terminal import printable
+from services.terminal import (
+    EXIT_CODES,
+    EXIT_DATA,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PIPE,
+    EXIT_USAGE,
+    UsageError,
+    printable,
+)
 from services.train import cli as train_cli
 
-DESCRIPTION = "Preprocess text corpora, pretrain, fine-tune and evaluate ALBERT, locally or on a Ray cluster."
-# Each stage's `register(commands)` adds its commands to the root parser, in the order `albert --help` lists them.
-STAGES = (demo, data_cli, preprocess_cli, train_cli, run_cli, eval_cli, finetune_cli, experiments_cli, jobs_cli)
+DESCRIPTION = """\
+Train ALBERT (A Lite BERT) on your own text and use it: turn corpora into
+training examples, pretrain, fine-tune on labelled data and evaluate, on this
+machine or on a Ray cluster. New here? `albert demo` runs every step on a sample
+corpus in minutes on a laptop's CPUs. A command's options: albert COMMAND --help"""
+# Each stage's `register(commands)` adds its commands to the root parser, in the order `albert --help` lists them:
+# the order of the work (data -> pretraining -> its runs -> evaluation -> fine-tuning -> models -> experiments ->
+# clusters).
+STAGES = (demo, data_cli, preprocess_cli, train_cli, run_cli, eval_cli, finetune_cli)
+LATER_STAGES = (experiments_cli, jobs_cli)
 
 
 # --- model -----------------------------------------------------------------------------------------------
@@ -57,12 +74,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def register_model_commands(commands: argparse._SubParsersAction) -> None:
     """`albert model info`, `albert convert`."""
-    model = commands.add_parser("model", help="model presets").add_subparsers(dest="action", required=True)
+    model = commands.add_parser("model", help="the model presets and their sizes (the paper's Table 1)")
+    model = model.add_subparsers(dest="action", required=True)
     info = model.add_parser("info", help="print presets with parameter counts (Table 1)")
     info.add_argument("--preset")
     info.set_defaults(func=cmd_model_info)
 
-    convert = commands.add_parser("convert", help="convert between albert and transformers checkpoints")
+    convert = commands.add_parser("convert", help="convert a checkpoint to or from Hugging Face transformers")
     convert.add_argument("source", help="an albert model directory or a transformers checkpoint directory")
     convert.add_argument("output")
     convert.add_argument("--to", choices=["hf", "albert"], help="default: the other format than the source's")
@@ -71,17 +89,35 @@ def register_model_commands(commands: argparse._SubParsersAction) -> None:
     convert.set_defaults(func=cmd_convert)
 
 
+class TopLevelHelp(argparse.RawDescriptionHelpFormatter):
+    """The description and epilog as written; every command's line in one column (argparse counts the indented
+    command names two columns short, so the longest, `experiment`, would wrap)."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=18)
+        self._action_max_length = 16
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="albert", description=DESCRIPTION)
-    commands = parser.add_subparsers(dest="command", required=True)
-    register_model_commands(commands)
+    codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items())
+    parser = argparse.ArgumentParser(
+        prog="albert",
+        description=DESCRIPTION,
+        epilog=f"exit status:\n{codes}",
+        formatter_class=TopLevelHelp,
+    )
+    parser.add_argument("--version", action="version", version=f"albert {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     for stage in STAGES:
+        stage.register(commands)
+    register_model_commands(commands)
+    for stage in LATER_STAGES:
         stage.register(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # a usage error exits EXIT_USAGE (argparse's 2) here
     try:
         code = args.func(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
@@ -89,13 +125,19 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `albert ... | head` closed the pipe: stop quietly, as other CLI tools do
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush at exit must not fail again
-        return 141
+        return EXIT_PIPE
+    except UsageError as err:
+        print(f"albert: error: {printable(err)}", file=sys.stderr)
+        return EXIT_USAGE
+    except JobFailedError as err:
+        print(f"albert: error: {printable(err)}", file=sys.stderr)
+        return EXIT_FAILED
     except (ValueError, FileNotFoundError) as err:  # ConfigError, CorpusError, CheckpointError... are ValueErrors
         print(f"albert: error: {printable(err)}", file=sys.stderr)
-        return 2
+        return EXIT_DATA
     except KeyboardInterrupt:  # commands that handle Ctrl-C themselves say more before they get here
         print("albert: interrupted (Ctrl-C)", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # the order the `ray j
 
 
 class JobsError(ValueError):
-    """A job request that cannot be made or that the cluster refused (the CLI prints it and exits 2)."""
+    """A job request that cannot be made or that the cluster refused (the CLI prints it and exits 65; a job that ran and
+    failed, JobFailedError, exits 1)."""
 
 
 class InsecureAddressError(JobsError):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.data.sample import DEFAULT_CACHE
+from services.terminal import EXIT_INTERRUPTED, EXIT_STOPPED
 
 if TYPE_CHECKING:
     from services.train.driver import TrainResult
@@ -96,7 +97,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     paths = run_demo(cache=Path(args.cache), vocab_size=args.vocab_size, progress=not args.no_progress)
     if paths.train is not None and paths.train.stopped:
         print(f"albert: demo stopped at step {paths.train.step}: {paths.train.stopped}", file=sys.stderr)
-        return 130 if paths.train.interrupted else 3
+        return EXIT_INTERRUPTED if paths.train.interrupted else EXIT_STOPPED
     print(f"demo finished: {paths.run_dir / 'report.md'}")
     return 0
 
@@ -104,7 +105,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction) -> None:
     """`albert demo`."""
     demo = commands.add_parser(
-        "demo", help="the main job on the embedded default: sample corpus → tokenizer → preprocess → pretrain → eval"
+        "demo",
+        help="every step, on a sample corpus, on this machine, in minutes",
+        description="The main job on the embedded default: sample corpus -> tokenizer -> preprocess -> pretrain the "
+        "tiny recipe -> held-out evaluation -> report.",
     )
     demo.add_argument("--cache", default=str(DEFAULT_CACHE))
     demo.add_argument("--vocab-size", type=int, default=8000)

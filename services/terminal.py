@@ -1,4 +1,7 @@
-"""Text from files and runs (labels, column names, file names, event messages) made safe to print on a terminal.
+"""What the command line shows a user: text from files and runs made safe to print, the exit statuses, and the
+old spellings of renamed options.
+
+Text from files and runs (labels, column names, file names, event messages) made safe to print on a terminal:
 
 A label or a record can hold escape sequences (set the window title, clear the screen, move the cursor, write to the
 clipboard), carriage returns that overwrite what was printed, or Unicode direction overrides that reorder it. Where
@@ -8,7 +11,33 @@ instead; newlines and tabs stay. Rich output (the live view) is printed with mar
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
+from typing import Any
+
+# Exit statuses of every albert command (README, "Exit status"; `albert --help` prints them too).
+EXIT_OK = 0
+EXIT_FAILED = 1  # it ran and failed: a cluster job or an evaluation scheduler that failed, an unexpected error
+EXIT_USAGE = 2  # the command line is wrong: an unknown option, a missing argument, options that conflict (argparse's)
+EXIT_STOPPED = 3  # a pretraining run stopped early on its own (divergence with train.on_divergence = "stop")
+EXIT_DATA = 65  # bad data or config: a recipe field, a --set value, a file's contents, a path that is not there
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); a pretraining run saved a checkpoint first
+EXIT_PIPE = 141  # the output was closed (`albert ... | head`; 128 + SIGPIPE)
+EXIT_CODES = {  # each meaning fits a line of `albert --help` on 80 columns
+    EXIT_OK: "done",
+    EXIT_FAILED: "it ran and failed: a cluster job, an evaluation scheduler, a bug",
+    EXIT_USAGE: "usage: an unknown option, a missing argument, options that conflict",
+    EXIT_STOPPED: "a pretraining run stopped early on a divergence (remedy printed)",
+    EXIT_DATA: "bad data or config: a recipe field, a --set value, a file, a path",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C); pretraining saves a checkpoint first",
+    EXIT_PIPE: "the output was closed (albert ... | head)",
+}
+
+
+class UsageError(ValueError):
+    """A command line that cannot run as written: options that conflict or need another (exit EXIT_USAGE)."""
+
 
 # C0 controls but tab and newline, DEL, C1 controls, and the Unicode bidirectional overrides and isolates.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -17,3 +46,24 @@ _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202
 def printable(text: object) -> str:
     """`text` with every character that would act on the terminal shown as its Python escape."""
     return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
+class OldSpelling(argparse.Action):
+    """Stores an option's value like `store`; given by one of its `old` spellings (e.g. --out for --output), also
+    prints one deprecation line."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, old: tuple[str, ...], **kwargs: Any):
+        self.old = old
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string in self.old:
+            new = next(s for s in self.option_strings if s not in self.old)
+            print(f"albert: {option_string} is deprecated; use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_output_option(parser: argparse.ArgumentParser, *, help: str, **kwargs: Any) -> None:
+    """`--output` (dest "output"); the old spelling --out still works, with a deprecation line."""
+    help = f"{help} (--out: its old spelling, deprecated)"
+    parser.add_argument("--output", "--out", dest="output", action=OldSpelling, old=("--out",), help=help, **kwargs)

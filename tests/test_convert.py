@@ -14,6 +14,7 @@ from albert_core.downstream.glue import encode_pair
 from albert_core.model import AlbertForPreTraining
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.cli import main
+from services.terminal import EXIT_DATA
 
 transformers = pytest.importorskip("transformers")
 
@@ -102,8 +103,8 @@ def test_converting_into_the_sources_own_format_is_refused_with_one_line(tmp_pat
     source = run_checkpoint(tmp_path, tokenizers["uncased"])
     assert convert(source, tmp_path / "hf") == 0
     capsys.readouterr()
-    assert convert(tmp_path / "hf", tmp_path / "hf2", "--to", "hf") == 2
-    assert convert(source, tmp_path / "albert2", "--to", "albert") == 2
+    assert convert(tmp_path / "hf", tmp_path / "hf2", "--to", "hf") == EXIT_DATA
+    assert convert(source, tmp_path / "albert2", "--to", "albert") == EXIT_DATA
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2
     assert "is already a transformers checkpoint" in lines[0] and "--to albert" in lines[0]
@@ -123,7 +124,7 @@ def test_a_non_empty_output_is_refused_and_force_replaces_the_checkpoint_there(t
     source = run_checkpoint(tmp_path, tokenizers["uncased"])
     _stale_bert_tokenizer(tmp_path / "out")
     assert (tmp_path / "out" / "tokenizer.json").is_file()
-    assert convert(source, tmp_path / "out") == 2
+    assert convert(source, tmp_path / "out") == EXIT_DATA
     err = capsys.readouterr().err.strip()
     assert "not empty" in err and "--force" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out" / "model.safetensors").exists()
@@ -151,7 +152,7 @@ def test_without_a_tokenizer_it_converts_and_warns_once_how_to_add_one(tmp_path,
 
 def test_a_tokenizer_of_another_vocabulary_size_is_refused_before_anything_is_written(tmp_path, tokenizers, capsys):
     source = run_checkpoint(tmp_path, None, vocab_size=VOCAB + 50)
-    assert convert(source, tmp_path / "hf", "--tokenizer", tokenizers["uncased"]) == 2
+    assert convert(source, tmp_path / "hf", "--tokenizer", tokenizers["uncased"]) == EXIT_DATA
     err = capsys.readouterr().err
     assert f"vocab_size {VOCAB + 50}" in err and f"{VOCAB} pieces" in err
     assert not (tmp_path / "hf").exists()

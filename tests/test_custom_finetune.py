@@ -28,6 +28,7 @@ from albert_core.finetuning import finetune, load_task_data
 from albert_core.model import AlbertForPreTraining
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.cli import main
+from services.terminal import EXIT_DATA, EXIT_USAGE
 from tests.conftest import default_sigint
 from tests.test_finetuning import tiny
 
@@ -244,7 +245,8 @@ def bad_inputs(folder: Path) -> dict[str, tuple[list[str], str]]:
 )
 def test_bad_input_is_one_line_naming_the_file_and_what_was_expected(tmp_path, checkpoint, capsys, case):
     flags, expected = bad_inputs(tmp_path)[case]
-    assert main(finetune_args(checkpoint, tmp_path / "out", *flags)) == 2
+    expected_status = EXIT_USAGE if case == "not for this task" else EXIT_DATA  # options that conflict; bad data
+    assert main(finetune_args(checkpoint, tmp_path / "out", *flags)) == expected_status
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("albert: error: ") and expected in err
 
@@ -253,7 +255,7 @@ def test_bad_input_is_reported_before_ray_starts(tmp_path, checkpoint):
     flags, expected = bad_inputs(tmp_path)["missing column"]
     argv = finetune_args(checkpoint, tmp_path / "out", *flags, "--seeds", "3")
     done = subprocess.run([sys.executable, "-m", "services.cli", *argv], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 2 and expected in done.stderr
+    assert done.returncode == EXIT_DATA and expected in done.stderr
     assert len(done.stderr.splitlines()) == 1 and "Ray" not in done.stdout + done.stderr
 
 

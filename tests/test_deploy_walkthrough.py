@@ -125,7 +125,7 @@ def test_a_recipe_error_is_reported_before_anything_is_uploaded(walked):
         cwd=work, env={**env, "RAY_ADDRESS": "http://127.0.0.1:9", "RAY_AUTH_MODE": "disabled"},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert bad.returncode == 2
+    assert bad.returncode == 65  # bad config (services.terminal.EXIT_DATA)
     assert bad.stderr.startswith("albert: error: ") and "optim.warmup_steps" in bad.stderr
     assert "cannot reach" not in bad.stderr and "submitted" not in bad.stdout
 

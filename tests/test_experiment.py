@@ -546,7 +546,9 @@ def test_register_adds_analyze_layers_and_experiment_run_to_a_parser():
 
     parser = argparse.ArgumentParser(prog="albert")
     experiment.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["analyze", "layers", "a", "b", "--heldout", "h.parquet", "--out", "fig", "--label", "x"])
+    args = parser.parse_args(
+        ["analyze", "layers", "a", "b", "--heldout", "h.parquet", "--output", "fig", "--label", "x"]
+    )
     assert (args.func, args.checkpoints, args.label) == (experiment.cmd_analyze_layers, ["a", "b"], ["x"])
     args = parser.parse_args(["experiment", "run", "spec.toml", "--only", "objective-sop", "--dry-run"])
     assert (args.func, args.only, args.dry_run) == (experiment.cmd_experiment_run, ["objective-sop"], True)

@@ -43,6 +43,7 @@ from services.preprocess.cli import skip_lines
 from services.run.config import RunConfig
 from services.run.ledger import RunLedger
 from services.run.report import LiveView
+from services.terminal import EXIT_DATA
 from services.train.plan import read_shard_set
 from tests.test_finetuning import tiny
 
@@ -253,7 +254,7 @@ def test_a_checkpoint_whose_config_lies_about_its_sizes_is_refused_before_any_te
 ):
     source = doctored_checkpoint(tmp_path / "source", kind, **changes)
     done = albert_cli("convert", str(source), str(tmp_path / "out"))
-    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.returncode == EXIT_DATA, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "out").exists()
 
@@ -338,7 +339,7 @@ def test_a_custom_table_nested_200k_deep_is_one_data_error_line_from_albert_fine
     first = json.dumps({"text": "a fine row", "label": "a"})
     path.write_text(first + "\n" + DEEP + "\n" if name.endswith(".jsonl") else "[" + DEEP)
     done = albert_cli("finetune", "--task", "custom", "--train", str(path), "--checkpoint", str(tmp_path / "ckpt"))
-    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.returncode == EXIT_DATA, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert (
         done.stderr.startswith(f"albert: error: {path}:{where} not valid JSON") and "nested too deeply" in done.stderr
@@ -349,7 +350,7 @@ def test_a_checkpoint_config_nested_200k_deep_is_refused_in_one_line(tmp_path):
     source = doctored_checkpoint(tmp_path / "source", "albert")
     (source / "config.json").write_text(DEEP)
     done = albert_cli("convert", str(source), str(tmp_path / "out"))
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert done.returncode == EXIT_DATA and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert "config.json" in done.stderr and "nested too deeply" in done.stderr
 
 
@@ -469,7 +470,7 @@ def test_a_fine_tuning_batch_size_of_a_billion_is_refused_in_one_line(tmp_path, 
     train = labelled_csv(tmp_path / "train.csv", ["a", "b"] * 10)
     argv = ["finetune", "--task", "custom", "--train", str(train), "--checkpoint", str(tiny_checkpoint)]
     done = albert_cli(*argv, "--output", str(tmp_path / "out"), "--batch-size", "1000000000", "--max-steps", "1")
-    assert done.returncode == 2, done.stderr[-2000:]  # before: a permutation of a billion indices, then a batch
+    assert done.returncode == EXIT_DATA, done.stderr[-2000:]  # before: a permutation of a billion indices, then a batch
     assert done.stderr.splitlines()[-1] == (
         f"albert: error: TaskHyperparams.batch_size: 1000000000 is above the limit of {MAX_BATCH_SIZE}"
     )
@@ -488,7 +489,7 @@ def test_preprocess_max_seq_length_is_bounded_without_a_tokenizer_config_that_sa
     (tmp_path / "corpus.txt").write_text(" ".join(texts))
     monkeypatch.setitem(sys.modules, "ray", None)  # a command that reaches Ray fails loudly
     argv = ["preprocess", "--input", str(tmp_path / "corpus.txt"), "--tokenizer", str(model)]
-    assert cli_main([*argv, "--output", str(tmp_path / "out"), "--max-seq-length", "100000"]) == 2
+    assert cli_main([*argv, "--output", str(tmp_path / "out"), "--max-seq-length", "100000"]) == EXIT_DATA
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("albert: error: max_seq_length 100000: above 512 positions, ")
 
@@ -500,8 +501,8 @@ def test_labels_with_terminal_escapes_reach_the_console_as_visible_escapes(tmp_p
     train = labelled_csv(tmp_path / "train.csv", [ESCAPE + "red", "blue"] * 10)
     dev = labelled_csv(tmp_path / "dev.csv", ["blue", ESCAPE + "green"])
     argv = ["finetune", "--task", "custom", "--train", str(train), "--checkpoint", str(tmp_path / "none")]
-    assert cli_main([*argv, "--output", str(tmp_path / "out")]) == 2  # the checkpoint is missing
-    assert cli_main([*argv, "--dev", str(dev), "--output", str(tmp_path / "out")]) == 2  # green is unknown
+    assert cli_main([*argv, "--output", str(tmp_path / "out")]) == EXIT_DATA  # the checkpoint is missing
+    assert cli_main([*argv, "--dev", str(dev), "--output", str(tmp_path / "out")]) == EXIT_DATA  # green is unknown
     printed = capsys.readouterr()
     assert not any(c in printed.out + printed.err for c in "\x1b\x07\r")
     assert "2 classes (\\x1b]0;owned\\x07\\x1b[2J\\rred, blue)" in printed.out  # what train's labels are

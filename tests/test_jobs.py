@@ -24,6 +24,7 @@ import pytest
 
 from services import cluster as jobs
 from services.jobs import cli as jobs_cli
+from services.terminal import EXIT_DATA, EXIT_FAILED
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray
@@ -99,9 +100,9 @@ def cli(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except jobs.JobsError as err:
+    except jobs.JobsError as err:  # as services.cli.main reports it
         print(f"albert: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED if isinstance(err, jobs.JobFailedError) else EXIT_DATA
 
 
 # --- against the cluster -------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ def test_token_never_appears_in_cli_output_logs_or_job_records(cluster, capsys, 
 def test_cli_reports_an_unknown_job_id_as_an_error(cluster, capsys):
     code = cli(["jobs", "status", "raysubmit_doesnotexist", "--address", cluster.address, "--token-file",
                 str(cluster.token_file)])  # fmt: skip
-    assert code == 2
+    assert code == EXIT_DATA
     assert "raysubmit_doesnotexist" in capsys.readouterr().err
 
 
@@ -233,7 +234,7 @@ def test_plain_http_to_a_host_that_is_not_loopback_is_refused_with_the_reason(ad
 
 
 def test_cli_refuses_plain_http_to_a_remote_host_before_connecting(capsys):
-    assert cli(["submit", "model", "info", "--address", "http://192.0.2.10:8265"]) == 2
+    assert cli(["submit", "model", "info", "--address", "http://192.0.2.10:8265"]) == EXIT_DATA
     err = capsys.readouterr().err
     assert "refusing plain http to 192.0.2.10" in err and "--allow-insecure-http" in err
 

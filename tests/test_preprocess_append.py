@@ -29,6 +29,7 @@ from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.manifest import part_checksum, stored_parts
 from services.preprocess.run import run_preprocess
 from services.preprocess.unit import write_unit
+from services.terminal import EXIT_DATA, EXIT_USAGE
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()
@@ -277,12 +278,13 @@ def no_ray(monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
-def test_a_mistaken_append_exits_2_with_one_line_before_ray(
+def test_a_mistaken_append_exits_with_one_line_before_ray(
     base, corpora, other_tokenizer, tmp_path, no_ray, capsys, name
 ):
     make, message = REFUSALS[name]
     before = (base / MANIFEST_FILE).read_bytes()
-    assert main(make(base, corpora, other_tokenizer, tmp_path)) == 2
+    expected = EXIT_USAGE if name == "other_output" else EXIT_DATA  # two options that conflict; a bad value
+    assert main(make(base, corpora, other_tokenizer, tmp_path)) == expected
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("albert: error: ") and re.search(message, line), line
     assert (base / MANIFEST_FILE).read_bytes() == before and not (base / PROGRESS_DIR / "part-1").exists()
@@ -292,7 +294,7 @@ def test_an_unfinished_append_of_other_inputs_is_refused_naming_its_folder(base,
     shards = tmp_path / "shards"
     shutil.copytree(base, shards)
     plan_from_args(_parser().parse_args(append_args(shards, [corpora["news"]])))  # claimed, then abandoned
-    assert main(append_args(shards, [corpora["news"] / "doc_0.txt"])) == 2
+    assert main(append_args(shards, [corpora["news"] / "doc_0.txt"])) == EXIT_DATA
     [line] = capsys.readouterr().err.splitlines()
     assert line == (
         f"albert: error: {shards / PROGRESS_DIR / 'part-1'}: holds an unfinished append of part 1 with other inputs, "

@@ -28,6 +28,7 @@ from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.run import run_preprocess
 from services.run.config import RunConfig
+from services.terminal import EXIT_DATA
 from services.train.plan import plan_data
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
@@ -75,7 +76,7 @@ def preprocess_args(inputs: list[str], tokenizer: Path | str, output: Path | str
 # before Ray: one line, exit 2
 
 
-def test_a_mistyped_input_exits_2_with_one_line_and_ray_never_imported(tokenizer, good, tmp_path):
+def test_a_mistyped_input_exits_65_with_one_line_and_ray_never_imported(tokenizer, good, tmp_path):
     fake = tmp_path / "no-ray" / "ray"  # shadows the real package in the child process
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('raise ImportError("this command must not import ray")\n')
@@ -84,7 +85,7 @@ def test_a_mistyped_input_exits_2_with_one_line_and_ray_never_imported(tokenizer
     done = subprocess.run(
         [ALBERT, *preprocess_args([typo], tokenizer, out)], env=env, capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == EXIT_DATA, done.stderr
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
         f"albert: error: input {typo}: no such file or directory (expected a corpus file, a directory of them, "
@@ -121,9 +122,9 @@ BAD_ARGUMENTS = {  # name -> (arguments after the three paths | a function of tm
 
 
 @pytest.mark.parametrize("name", sorted(BAD_ARGUMENTS))
-def test_a_bad_number_exits_2_naming_the_option_before_ray(no_ray, tokenizer, good, tmp_path, capsys, name):
+def test_a_bad_number_exits_65_naming_the_option_before_ray(no_ray, tokenizer, good, tmp_path, capsys, name):
     more, message = BAD_ARGUMENTS[name]
-    assert main(preprocess_args([str(good)], tokenizer, tmp_path / "out", *more)) == 2
+    assert main(preprocess_args([str(good)], tokenizer, tmp_path / "out", *more)) == EXIT_DATA
     [line] = capsys.readouterr().err.splitlines()
     assert re.search(message, line), line
     assert not (tmp_path / "out").exists()
@@ -149,11 +150,11 @@ BAD_PATHS = {  # name -> (inputs, tokenizer, output) as functions of (good, toke
 
 
 @pytest.mark.parametrize("name", sorted(BAD_PATHS))
-def test_a_bad_path_exits_2_naming_it_before_ray(no_ray, tokenizer, good, tmp_path, capsys, name):
+def test_a_bad_path_exits_65_naming_it_before_ray(no_ray, tokenizer, good, tmp_path, capsys, name):
     make, message = BAD_PATHS[name]
     inputs, tok, out, *more = make(good, tokenizer, tmp_path)
     existed = Path(str(out)).exists()
-    assert main(preprocess_args(inputs, tok, out, *more)) == 2
+    assert main(preprocess_args(inputs, tok, out, *more)) == EXIT_DATA
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("albert: error: ") and re.search(message, line), line
     assert Path(str(out)).exists() == existed  # nothing made
@@ -201,7 +202,7 @@ def test_a_run_without_training_examples_is_an_error_and_writes_no_manifest(
 ):
     out = tmp_path / "out"
     inputs = [str(bad_dir / name) for name in ("a_binary.txt", "b_empty.txt", "f_single_token.txt")]
-    assert main(preprocess_args(inputs, tokenizer, out)) == 2
+    assert main(preprocess_args(inputs, tokenizer, out)) == EXIT_DATA
     captured = capsys.readouterr()
     [line] = [line for line in captured.err.splitlines() if line.startswith("albert:")]  # besides the progress bar
     assert line == (

@@ -119,7 +119,9 @@ def test_a_recipe_error_without_set_still_names_the_recipe(tmp_path):
 
 
 def test_a_malformed_set_is_refused():
-    with pytest.raises(ConfigError, match="--set lr: expected SECTION.FIELD=VALUE"):
+    from services.terminal import UsageError
+
+    with pytest.raises(UsageError, match="--set lr: expected SECTION.FIELD=VALUE"):
         parse_sets(["lr"])
 
 

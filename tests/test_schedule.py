@@ -30,6 +30,7 @@ from services.run.checkpoints import FORMAT, VERSION
 from services.run.config import RunConfig
 from services.run.ledger import RunLedger
 from services.run.schedules import RESULT_KIND, ScheduleSpec
+from services.terminal import EXIT_DATA, EXIT_USAGE
 from services.train.driver import run_pretraining
 from tests.test_coordinator import flip_a_bit, write_checkpoint
 from tests.test_train import run_config, write_heldout, write_shards
@@ -58,18 +59,26 @@ def ledger_run(tmp_path) -> RunLedger:
 
 
 @pytest.mark.parametrize(
-    "argv, message",
+    "argv, message, status",
     [
-        (["eval", "schedule", "{missing}", "--every", "4"], "RUN {missing}: no such run directory"),
-        (["eval", "schedule", "{run}", "--every", "0"], "--every 0: must be at least 1"),
-        (["eval", "schedule", "{run}", "--every", "4", "--task", "polarity"], "--task-data: give one data directory"),
-        (["eval", "schedule", "{run}", "--every", "4", "--heldout", "{missing}"], "--heldout {missing}: no such file"),
-        (["eval", "schedule", "{run}", "--every", "4", "--name", "a/b"], "--name 'a/b'"),
-        (["eval", "cancel", "{run}", "nothing"], "no schedule 'nothing' on this run"),
+        (["eval", "schedule", "{missing}", "--every", "4"], "RUN {missing}: no such run directory", EXIT_DATA),
+        (["eval", "schedule", "{run}", "--every", "0"], "--every 0: must be at least 1", EXIT_USAGE),
+        (
+            ["eval", "schedule", "{run}", "--every", "4", "--task", "polarity"],
+            "--task-data: give one data directory",
+            EXIT_USAGE,
+        ),
+        (
+            ["eval", "schedule", "{run}", "--every", "4", "--heldout", "{missing}"],
+            "--heldout {missing}: no such file",
+            EXIT_DATA,
+        ),
+        (["eval", "schedule", "{run}", "--every", "4", "--name", "a/b"], "--name 'a/b'", EXIT_DATA),
+        (["eval", "cancel", "{run}", "nothing"], "no schedule 'nothing' on this run", EXIT_DATA),
     ],
 )
-def test_bad_arguments_are_one_line_naming_the_argument_and_exit_2(
-    ledger_run, tmp_path, capsys, monkeypatch, argv, message
+def test_bad_arguments_are_one_line_naming_the_argument_and_exit_2_or_65(
+    ledger_run, tmp_path, capsys, monkeypatch, argv, message, status
 ):
     def connect(*_args, **_kwargs):
         raise AssertionError("albert eval connected to Ray before checking its arguments")
@@ -81,7 +90,7 @@ def test_bad_arguments_are_one_line_naming_the_argument_and_exit_2(
     paths = {"run": str(ledger_run.run_dir), "missing": str(tmp_path / "nowhere")}
     code = main([arg.format(**paths) for arg in argv])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == status
     assert message.format(**paths) in err and len(err.strip().splitlines()) == 1
     assert ray.is_initialized() == ray_before
 

@@ -18,6 +18,7 @@ from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
 from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from albert_core.vocabulary import VocabularyMismatch, check_heldout_fits, check_tokenizer_fits
 from services.cli import main
+from services.terminal import EXIT_DATA
 
 CORPUS = (Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt").read_text(encoding="utf-8").splitlines()
 VOCAB = 400
@@ -93,33 +94,33 @@ def nothing_slow_starts(monkeypatch):
 
 
 def refused(capsys, argv: list[str]) -> str:
-    """Run `albert ARGV`, expect exit status 2, and return its one line of error output."""
+    """Run `albert ARGV`, expect exit status 65 (bad data), and return its one line of error output."""
     capsys.readouterr()  # what building the fixtures printed
-    assert main(argv) == 2
+    assert main(argv) == EXIT_DATA
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1, lines
     return lines[0]
 
 
-# --- albert evaluate -------------------------------------------------------------------------------------------
+# --- albert eval run -------------------------------------------------------------------------------------------
 
 
 def test_evaluate_refuses_a_wordpiece_bert_on_sentencepiece_heldout_before_loading_it(
     tmp_path, heldout, spiece, nothing_slow_starts, capsys
 ):
     bert = tiny_bert(tmp_path / "bert")  # the same size as the SentencePiece model: only the vocab.txt tells
-    line = refused(capsys, ["evaluate", str(bert), "--heldout", str(heldout)])
+    line = refused(capsys, ["eval", "run", "--checkpoint", str(bert), "--heldout", str(heldout)])
     assert str(bert / "vocab.txt") in line and str(spiece) in line and "WordPiece" in line
 
 
 def test_evaluate_refuses_the_real_minilm_bert_on_sentencepiece_heldout(heldout, spiece, nothing_slow_starts, capsys):
-    line = refused(capsys, ["evaluate", str(_minilm()), "--heldout", str(heldout)])
+    line = refused(capsys, ["eval", "run", "--checkpoint", str(_minilm()), "--heldout", str(heldout)])
     assert str(_minilm()) in line and str(spiece) in line
 
 
 def test_evaluate_refuses_a_checkpoint_of_another_vocabulary_size(tmp_path, heldout, nothing_slow_starts, capsys):
     checkpoint = albert_run(tmp_path, None, vocab_size=VOCAB + 100)
-    line = refused(capsys, ["evaluate", str(checkpoint), "--heldout", str(heldout)])
+    line = refused(capsys, ["eval", "run", "--checkpoint", str(checkpoint), "--heldout", str(heldout)])
     assert f"vocab_size {VOCAB + 100}" in line and f"{VOCAB} pieces" in line
 
 

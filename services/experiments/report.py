@@ -1,4 +1,4 @@
-"""`albert experiment report SPEC... --out reports/small-scale.md`: one markdown report over several experiment
+"""`albert experiment report SPEC... --output reports/small-scale.md`: one markdown report over several experiment
 specs, regenerated from their finished cells (with `--run`, after running the unfinished ones; finished cells are
 skipped).
 

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.finetune.run import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
-from services.terminal import printable
+from services.terminal import EXIT_INTERRUPTED, UsageError, printable
 
 if TYPE_CHECKING:
     from argparse import Namespace
 
 
-INTERRUPTED_EXIT = 130  # the shell's code for a command ended by SIGINT (128 + 2)
+INTERRUPTED_EXIT = EXIT_INTERRUPTED  # the shell's code for a command ended by SIGINT (128 + 2)
 
 
 def add_custom_data_arguments(parser) -> None:
@@ -57,19 +57,19 @@ def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Pa
     given += ["--raw-csv"] if getattr(args, "raw_csv", False) else []
     if task != "custom":
         if given:
-            raise ValueError(f"albert finetune: {given[0]} is for --task custom; --task {task} reads --data")
+            raise UsageError(f"albert finetune: {given[0]} is for --task custom; --task {task} reads --data")
         if not args.data:
-            raise ValueError(f"albert finetune: --task {task} needs --data (the task's data folder)")
+            raise UsageError(f"albert finetune: --task {task} needs --data (the task's data folder)")
         return args.data
     from albert_core.downstream.custom_splits import CustomDataConfig, load_custom_splits, split_files
 
     files = {"train": args.train, "dev": args.dev, "test": args.test}
     if args.data:
         if any(files.values()):
-            raise ValueError("albert finetune: --task custom reads --train/--dev/--test or --data (a folder), not both")
+            raise UsageError("albert finetune: --task custom reads --train/--dev/--test or --data (a folder), not both")
         files = split_files(args.data)
     if not files["train"]:
-        raise ValueError("albert finetune: --task custom needs --train (a .csv, .tsv, .jsonl, .json or .parquet file)")
+        raise UsageError("albert finetune: --task custom needs --train (a .csv, .tsv, .jsonl, .json or .parquet file)")
     names = ("text_column", "text_pair_column", "label_column", "id_column")
     fields = files | {k: getattr(args, k) for k in names} | {"regression": args.regression, "raw_csv": args.raw_csv}
     fields["dev_fraction"] = args.dev_fraction
@@ -94,15 +94,15 @@ def _cli_overrides(args: Namespace) -> dict[str, Any]:
         overrides["save_model"] = True
     if args.preset:
         if args.checkpoint:
-            raise ValueError("albert finetune: give --checkpoint (pretrained) or --preset (random init), not both")
+            raise UsageError("albert finetune: give --checkpoint (pretrained) or --preset (random init), not both")
         if not args.tokenizer:
-            raise ValueError("albert finetune: --preset (random init) needs --tokenizer")
+            raise UsageError("albert finetune: --preset (random init) needs --tokenizer")
         from albert_core.tokenization import Tokenizer
 
         vocab = Tokenizer.load(args.tokenizer).vocab_size
         overrides["model"] = AlbertConfig.preset(args.preset, vocab_size=vocab)
     elif not args.checkpoint:
-        raise ValueError("albert finetune: --checkpoint (a pretrained model directory) or --preset is required")
+        raise UsageError("albert finetune: --checkpoint (a pretrained model directory) or --preset is required")
     return overrides
 
 
@@ -132,7 +132,7 @@ def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], outpu
     configs = seed_configs(task, args.checkpoint, data, seeds=seed_values, overrides=overrides, output_dir=output)
     configs[0].tokenizer_path()  # a missing or mismatched tokenizer is an error now, not in every run
     if len(configs) == 1 and not args.ensemble:  # one run: in this process, with a step progress bar
-        configs[0].progress = True
+        configs[0].progress = not args.no_progress
         result = finetune(configs[0])
         return summarize([result], output) | {"results": [result]}
     if args.address:
@@ -149,7 +149,7 @@ def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], outpu
         ensemble=args.ensemble,
         num_cpus=args.cpus_per_run,
         num_gpus=args.gpus_per_run,
-        progress=True,
+        progress=not args.no_progress,
     )
 
 
@@ -187,7 +187,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     """`albert finetune`."""
     parser = commands.add_parser(
         "finetune",
-        help="fine-tune a checkpoint on GLUE / SQuAD / RACE / polarity / your own data (several seeds on Ray)",
+        help="fine-tune a checkpoint on GLUE, SQuAD, RACE or your own data",
         description="Fine-tune with the paper's recipe for the task; several seeds run as parallel Ray tasks and "
         "the dev metrics are summarized by their median.",
     )
@@ -215,5 +215,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--cpus-per-run", type=float, default=1)
     parser.add_argument("--gpus-per-run", type=float, default=0)
     parser.add_argument("--address", help="Ray cluster address (default: a local Ray started here)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (a line per evaluation and run)")
     add_custom_data_arguments(parser)
     parser.set_defaults(func=cmd_finetune)

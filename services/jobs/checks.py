@@ -7,8 +7,8 @@ A job runs in a copy of the working directory unpacked on the head node, without
 - every relative path of the run (data.shards, run.output_dir, model.init_from, eval.task_data, --resume) is made
   absolute against the working directory, where the user meant it, and passed on with `--set`. On a real cluster
   that directory is a shared mount every node sees at the same path (deploy.md, "Storage").
-`albert submit eval ...` gets the same for its paths (the run directory, --heldout, --task-data): they are parsed
-and made absolute in place.
+`albert submit eval ...` gets the same for its paths (the run directory or --checkpoint, --heldout, --task-data): they
+are parsed and made absolute in place.
 """
 
 from __future__ import annotations
@@ -41,16 +41,21 @@ def parse_command(register: Callable[[argparse._SubParsersAction], None], argv: 
 
 
 def prepare_eval_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:
-    """`eval schedule|list|cancel RUN ...`: the run directory, --heldout and --task-data made absolute under root."""
+    """`eval run|schedule|list|cancel ...`: the run directory (or --checkpoint), --heldout and --task-data made absolute
+    under root."""
     from services.eval.cli import register
 
     options = parse_command(register, ["eval", *args])  # a usage error stops here, before the upload
-    paths = [options.run, getattr(options, "heldout", None), *getattr(options, "task_data", [])]
-    absolute = {path: _absolute(path, root) for path in paths if path}
+    task_data = getattr(options, "task_data", [])
+    if options.action == "run":  # TASK=DIR pairs
+        task_data = [pair.partition("=")[2] for pair in task_data]
+    paths = [getattr(options, "run", None), getattr(options, "checkpoint", None), getattr(options, "heldout", None)]
+    absolute = {path: _absolute(path, root) for path in [*paths, *task_data] if path}
     out, notes = [], []
     for arg in args:
         flag, sep, value = arg.partition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
-        new = absolute.get(value, value)
+        task, pair, directory = value.partition("=") if options.action == "run" else ("", "", value)
+        new = f"{task}={absolute.get(directory, directory)}" if pair else absolute.get(value, value)
         out.append(f"{flag}{sep}{new}" if sep else new)
         if new != value:
             notes.append(f"{value} -> {new}")

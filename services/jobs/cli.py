@@ -136,7 +136,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     submit_parser = commands.add_parser(
         "submit",
-        help="run an albert command on a Ray cluster (Ray Jobs API)",
+        help="run an albert command on a Ray cluster",
         description="Submit `albert KIND ARGS...` as a Ray job; the working directory is uploaded with it. "
         "Submit options may come before KIND or after its arguments; arguments after `--` go to the job as they are.",
     )
@@ -148,7 +148,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     submit_parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of `albert KIND`")
     submit_parser.set_defaults(func=cmd_submit)
 
-    jobs = commands.add_parser("jobs", help="list, inspect and stop cluster jobs").add_subparsers(
+    jobs = commands.add_parser("jobs", help="list, follow and stop the cluster's albert jobs").add_subparsers(
         dest="action", required=True
     )
     connection = argparse.ArgumentParser(add_help=False)

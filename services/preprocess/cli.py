@@ -1,11 +1,11 @@
 """`albert preprocess` (services.cli builds its parser): the checks before Ray, the run, and what it prints.
 
 `--on-error` has three settings. Unset (the default) is strict about what the command line names and lenient
-about what is inside: an --input that matches nothing stops the command before anything runs (exit 2), since that
+about what is inside: an --input that matches nothing stops the command before anything runs (exit 65), since that
 is nearly always a typo, while a bad file or record found inside the inputs (unreadable, binary, invalid UTF-8, a
 malformed JSON line, ...) is skipped, counted in manifest.json and named on the console, since a real corpus
 nearly always has a few. `skip` also turns a missing input into a counted skip; `fail` stops at the first bad file
-or record, naming it. Whatever the setting, a run that makes no training example is an error (exit 2).
+or record, naming it. Whatever the setting, a run that makes no training example is an error (exit 65).
 
 `--append-to SHARDS` (instead of --output) adds the inputs to a finished shard set as its next part
 (services.preprocess.append); the options that decide the examples' shape are the set's then, so their defaults
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from albert_core.corpus import ON_ERROR
 from services.preprocess.checks import NoExamplesError, check_arguments
 from services.preprocess.config import DEFAULTS, SHAPE_FLAGS, PreprocessConfig
-from services.terminal import printable
+from services.terminal import UsageError, printable
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -42,11 +42,11 @@ def config_from_args(args: Namespace) -> PreprocessConfig:
     naming the option (ValueError)."""
     missing = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--output", args.output)) if value is None]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"{' and '.join(missing)}: required (unless --append-to SHARDS adds the inputs to a shard set)"
         )
     if args.part_name is not None:
-        raise ValueError(f"--part-name {args.part_name}: only with --append-to SHARDS")
+        raise UsageError(f"--part-name {args.part_name}: only with --append-to SHARDS")
     shape = {name: DEFAULTS[name] if getattr(args, name) is None else getattr(args, name) for name in SHAPE_FLAGS}
     return build_config(args, args.tokenizer, args.output, shape)
 
@@ -76,7 +76,7 @@ def append_from_args(args: Namespace) -> tuple[PreprocessConfig, PreprocessJob]:
 
     root = args.append_to
     if args.output is not None and Path(args.output).resolve() != Path(root).resolve():
-        raise ValueError(f"--output {args.output}: not with --append-to {root} (the part is written into the set)")
+        raise UsageError(f"--output {args.output}: not with --append-to {root} (the part is written into the set)")
     shard_set = finished_shard_set(root)
     shape = set_shape(shard_set, {name: getattr(args, name) for name in SHAPE_FLAGS})
     config = build_config(args, set_tokenizer(shard_set, args.tokenizer), root, shape)
@@ -115,7 +115,8 @@ def skip_lines(manifest: dict[str, Any], listed_in: str, shown: int = SHOWN_SKIP
 
 
 def cmd_preprocess(args: Namespace) -> int:
-    """`albert preprocess`: everything checked before Ray starts (a mistake exits 2 within a second or so)."""
+    """`albert preprocess`: everything checked before Ray starts (a mistake exits within a second or so: 2 for
+    options that conflict, 65 for a bad value, path or file)."""
     from albert_core.shards import MANIFEST_FILE
     from services.preprocess.manifest import part_view
     from services.preprocess.run import run_preprocess
@@ -183,7 +184,11 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """`albert preprocess`."""
-    p = commands.add_parser("preprocess", help="corpora -> Parquet shards of SOP/NSP pair examples + manifest")
+    p = commands.add_parser(
+        "preprocess",
+        help="turn text into training examples (Parquet shards)",
+        description="Corpora -> Parquet shards of SOP/NSP pair examples + manifest.json.",
+    )
     p.add_argument("--input", nargs="+", required=True, help="files, directories, globs or fsspec URLs")
     p.add_argument(
         "--tokenizer", help="spiece.model (or its directory); with --append-to: the set's, another sha256 is refused"

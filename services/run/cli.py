@@ -85,7 +85,7 @@ def vocab_of(config) -> tuple[int, str]:
 
 def register(commands: argparse._SubParsersAction) -> None:
     """`albert status`, `albert config show`."""
-    config = commands.add_parser("config", help="run recipes: see one resolved").add_subparsers(
+    config = commands.add_parser("config", help="see a recipe resolved with your --set changes").add_subparsers(
         dest="action", required=True
     )
     show = config.add_parser("show", help="print a recipe with its --set overrides merged, as TOML (+ parameters)")
@@ -93,7 +93,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     show.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a field")
     show.set_defaults(func=cmd_config_show)
 
-    status = commands.add_parser("status", help="a run's state: steps, checkpoints, evaluations, dropout")
+    status = commands.add_parser("status", help="where a pretraining run is: steps, checkpoints, scores")
     status.add_argument("run", help="the run directory (runs/NAME)")
     status.add_argument(
         "--address", help="a job server URL (http://host:8265: adds the cluster's running jobs) or a Ray address"

@@ -19,6 +19,7 @@ from typing import Any
 
 from albert_core.config import AlbertConfig, ConfigError
 from services.run.fields import check_value, parse_text, type_hints
+from services.terminal import UsageError
 
 # The shipped recipes are package data of this package (services/run/recipes/, experiment specs in its experiments/),
 # found through importlib.resources in a checkout and in an installed wheel alike. A checkout's configs/ is a link to
@@ -487,7 +488,7 @@ def parse_sets(pairs: Sequence[str]) -> dict[str, SetText]:
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or "." not in key.strip(". "):
-            raise ConfigError(f"--set {pair}: expected SECTION.FIELD=VALUE, e.g. --set optim.lr=0.001")
+            raise UsageError(f"--set {pair}: expected SECTION.FIELD=VALUE, e.g. --set optim.lr=0.001")
         overrides[key.strip()] = SetText(text)
     return overrides
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from services.terminal import EXIT_INTERRUPTED, EXIT_STOPPED
+
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
     from services.run.config import RunConfig, parse_sets
@@ -37,17 +39,21 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
         newest = latest_good(config.run_dir / CHECKPOINTS_DIR)
         print(f"albert: stopped at once (second Ctrl-C); newest checkpoint: {newest}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     if result.stopped:
         print(f"albert: stopped at step {result.step}: {result.stopped}", file=sys.stderr)
-        return 130 if result.interrupted else 3
+        return EXIT_INTERRUPTED if result.interrupted else EXIT_STOPPED
     print(f"finished at step {result.step}; checkpoint {result.checkpoint}; metrics {result.metrics_file}")
     return 0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     """`albert pretrain`."""
-    pre = commands.add_parser("pretrain", help="pretrain with a run recipe (configs/NAME.toml or a path)")
+    pre = commands.add_parser(
+        "pretrain",
+        help="pretrain a model from a recipe (tiny, albert-base, ...)",
+        description="Pretrain with a run recipe (a shipped name: albert config show NAME, or a TOML file).",
+    )
     pre.add_argument("--config", required=True, help="tiny, albert-base, ... or a TOML file")
     pre.add_argument("--address", help="Ray cluster address (auto, ray://host:10001); default: embedded local Ray")
     pre.add_argument("--resume", metavar="RUN_DIR", help="continue this run directory from its newest good checkpoint")
