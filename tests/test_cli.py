@@ -158,3 +158,11 @@ def test_readme_documents_every_exit_status():
     section = readme.split("## Exit status", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| (\d+) \| (.+?) \|$", section, re.M))
     assert {int(code) for code in rows} == set(EXIT_CODES)
+
+
+def test_readme_describes_the_training_input_as_it_is():
+    """Ray Data writes the shards; each worker reads them with its own seeded Parquet reader, for exact resume."""
+    intro = (ROOT / "README.md").read_text().split("## The model in five lines", 1)[0]
+    assert "Ray Data streams" not in intro
+    for said in ("Parquet shards", "its own Parquet reader", "example order", "resumes on exactly the examples"):
+        assert said in intro, said
