@@ -213,6 +213,7 @@ def test_dry_run_prints_the_whole_plan_and_starts_or_writes_nothing(capsys, tmp_
     assert "epochs: 66 examples each (2.1 steps); 1939.39 epochs in all" in out
     assert "checkpoints: every 500 steps and at the end (8 in all), keep the last 2" in out
     assert "held-out evaluation: every 500 steps and at the end" in out
+    assert "fine-tuning its checkpoints: lr 0.001, max_steps 300, pooling mean" in out
     assert not (tmp_path / "runs").exists()  # no run directory made
     assert sorted(p.name for p in shards.rglob("*")) == before  # no unigram counts stored
     ray = __import__("sys").modules.get("ray")
@@ -331,3 +332,91 @@ def test_a_resume_under_another_config_warns_on_the_console_through_the_runs_eve
     changed = {"event": "config_changed", "step": 4, "changed": {"optim.lr": [0.003, 0.001]}}
     assert event_lines(changed) == ["config changed @ step 4: optim.lr: 0.003 -> 0.001"]
     assert any("resumed by 2 x 16" in w["message"] for w in warnings)  # another worker count, said alike
+
+
+# --- a recipe's own fine-tuning defaults ----------------------------------------------------------------------------
+
+
+def test_the_tiny_recipe_carries_its_fine_tuning_defaults_and_the_papers_recipes_none():
+    tiny = RunConfig.load("tiny").finetune
+    assert (tiny.lr, tiny.max_steps, tiny.pooling) == (0.001, 300, "mean")
+    base = RunConfig.load("albert-base").finetune
+    assert (base.lr, base.max_steps, base.pooling) == (0.0, 0, "")  # the task's own recipe
+    with pytest.raises(ConfigError, match="finetune.pooling: expected cls, mean"):
+        load("finetune.pooling=max")
+
+
+def test_the_fine_tuning_defaults_are_not_part_of_a_pretraining_cells_fingerprint():
+    from services.experiments.run import cell_fingerprint
+
+    one, other = spec(), spec(set={"finetune.lr": 0.01})
+    (cell,) = one.expand()
+    assert cell_fingerprint(one, cell) == cell_fingerprint(other, cell)
+
+
+@pytest.fixture
+def run_checkpoint(started_run):
+    return started_run.run_dir / "checkpoints" / "step_00000500"
+
+
+def test_finetune_takes_the_recipe_defaults_of_the_checkpoints_run_where_the_command_gives_none(
+    run_checkpoint, tmp_path, capsys, monkeypatch
+):
+    from services.cli import main
+    from services.finetune import cli as finetune_cli
+
+    seen = []
+
+    def seed_configs(task, checkpoint, data, *, overrides, **kwargs):
+        seen.append(dict(overrides))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(finetune_cli, "seed_configs", seed_configs)
+    argv = ["finetune", "--task", "sst2", "--data", str(tmp_path), "--checkpoint", str(run_checkpoint)]
+    main([*argv, "--output", str(tmp_path / "out")])
+    assert seen[-1] == {"lr": 0.001, "max_steps": 300, "pooling": "mean"}
+    out = capsys.readouterr().out
+    assert f"fine-tuning defaults of the recipe of {run_checkpoint.parent.parent}" in out
+    assert "lr 0.001, max_steps 300, pooling mean" in out
+    main([*argv, "--output", str(tmp_path / "out"), "--lr", "5e-4", "--pooling", "cls"])
+    assert seen[-1] == {"lr": 5e-4, "max_steps": 300, "pooling": "cls"}
+    assert "max_steps 300 (--lr, --pooling given instead)" in capsys.readouterr().out
+
+
+def test_a_model_outside_a_pretraining_run_fine_tunes_with_the_tasks_recipe(tmp_path, monkeypatch):
+    from services.finetune.run import recipe_defaults
+
+    (tmp_path / "model").mkdir()
+    assert recipe_defaults(tmp_path / "model") is None
+
+
+def test_evaluations_of_a_runs_checkpoints_fine_tune_with_its_recipe_defaults(run_checkpoint, tmp_path, monkeypatch):
+    """albert eval run --task, evaluation schedules and the run's own eval.tasks all go through downstream_metrics."""
+    from services.eval import evaluate
+    from services.finetune import run as finetune_run
+
+    seen = []
+
+    def downstream_evaluator(task, *, seeds=None, overrides=None):
+        return lambda checkpoint, data: seen.append((seeds, overrides)) or {"acc": 0.5}
+
+    monkeypatch.setattr(finetune_run, "downstream_evaluator", downstream_evaluator)
+    evaluate.downstream_metrics("sst2", run_checkpoint, str(tmp_path))
+    evaluate.downstream_metrics("sst2", run_checkpoint, str(tmp_path), seeds=3, max_steps=50)
+    assert seen == [
+        (None, {"lr": 0.001, "max_steps": 300, "pooling": "mean"}),
+        (3, {"lr": 0.001, "max_steps": 50, "pooling": "mean"}),  # --task-max-steps / eval.task_max_steps win
+    ]
+
+
+def test_a_run_started_before_recipes_had_fine_tuning_defaults_resumes_without_asking(started_run):
+    import json
+
+    from services.run.resume import check_resume_changes
+
+    state = started_run.run_dir / "coordinator.json"
+    recorded = json.loads(state.read_text())
+    del recorded["config"]["finetune"]
+    state.write_text(json.dumps(recorded))
+    changes = check_resume_changes(started_run.run_dir, started_run)  # not refused: read as the defaults, now set
+    assert changes == {"finetune.lr": [0.0, 0.001], "finetune.max_steps": [0, 300], "finetune.pooling": ["", "mean"]}

@@ -87,10 +87,15 @@ def default_name(every: int, tasks: list[str], heldout: str | None) -> str:
 def cmd_eval_schedule(args: argparse.Namespace) -> int:
     from services.cluster import connect
     from services.eval.schedule import Scheduler, runner_name, start_runner
+    from services.finetune.run import recipe_defaults
 
     run_dir, spec = schedule_spec(args)  # every check before Ray starts
     state, created = schedules.create_or_attach(run_dir, spec)
     print(f"schedule {spec.name} {'created' if created else 'attached'} on {run_dir}: {spec.describe()}")
+    defaults = recipe_defaults(run_dir=run_dir) if spec.tasks else None
+    if defaults is not None:
+        given = {"max_steps": "--task-max-steps"} if spec.task_max_steps and "max_steps" in defaults.overrides else {}
+        print(defaults.describe(given))
     on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
     connect(args.address)
     if args.once:

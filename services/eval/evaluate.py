@@ -96,12 +96,19 @@ def downstream_metrics(
     task: str, checkpoint: str | Path, data_dir: str, *, seeds: int = 0, max_steps: int = 0
 ) -> dict[str, Any]:
     """One downstream task's metrics for a checkpoint; seeds / max_steps (0: the task's protocol) shape the
-    built-in fine-tuning tasks."""
-    from services.finetune.run import TASKS, downstream_evaluator
+    built-in fine-tuning tasks, which also take the fine-tuning defaults of the checkpoint's recipe ([finetune] of
+    its run: lr, max_steps, pooling; max_steps given here wins)."""
+    from services.finetune.run import TASKS, downstream_evaluator, recipe_defaults
 
-    if (seeds or max_steps) and task in TASKS:
-        overrides = {"max_steps": max_steps} if max_steps else None
-        return downstream_evaluator(task, seeds=seeds or None, overrides=overrides)(str(checkpoint), data_dir)
+    if task not in TASKS:
+        return DOWNSTREAM_TASKS[task](str(checkpoint), data_dir)
+    defaults = recipe_defaults(checkpoint)
+    overrides = dict(defaults.overrides) if defaults is not None else {}
+    if max_steps:
+        overrides["max_steps"] = max_steps
+    if seeds or overrides:
+        evaluate = downstream_evaluator(task, seeds=seeds or None, overrides=overrides or None)
+        return evaluate(str(checkpoint), data_dir)
     return DOWNSTREAM_TASKS[task](str(checkpoint), data_dir)
 
 

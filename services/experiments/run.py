@@ -50,6 +50,7 @@ METRIC_COLUMNS = RESULT_METRICS
 
 # The RunConfig fields markers of version 1 were fingerprinted with. Fields added since count only when they differ
 # from their default, so a new field leaves the fingerprints of finished cells as they were.
+NOT_FINGERPRINTED = ("finetune",)
 V1_FIELDS = {
     "run": {"name", "output_dir", "seed"},
     "model": {"preset", "overrides"},
@@ -67,7 +68,8 @@ V1_FIELDS = {
 
 
 def fingerprint_fields(config: RunConfig) -> dict[str, dict[str, Any]]:
-    """config.to_dict() without the fields added after version 1 that are at their default."""
+    """config.to_dict() without the fields added after version 1 that are at their default, and without the
+    recipe's fine-tuning defaults ([finetune]: for fine-tuning its checkpoints later, not part of a cell's result)."""
     defaults = RunConfig().to_dict()
     return {
         section: {
@@ -76,6 +78,7 @@ def fingerprint_fields(config: RunConfig) -> dict[str, dict[str, Any]]:
             if name in V1_FIELDS.get(section, ()) or value != defaults[section][name]
         }
         for section, values in config.to_dict().items()
+        if section not in NOT_FINGERPRINTED
     }
 
 

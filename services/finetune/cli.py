@@ -106,6 +106,23 @@ def _cli_overrides(args: Namespace) -> dict[str, Any]:
     return overrides
 
 
+_DEFAULT_FLAGS = {"lr": "--lr", "max_steps": "--max-steps", "pooling": "--pooling"}
+
+
+def _apply_recipe_defaults(checkpoint: str | None, overrides: dict[str, Any]) -> None:
+    """The fine-tuning defaults of the checkpoint's recipe (services.finetune.run.recipe_defaults) for what the
+    command line does not give; says which it uses."""
+    from services.finetune.run import recipe_defaults
+
+    defaults = recipe_defaults(checkpoint) if checkpoint else None
+    if defaults is None:
+        return
+    given = {key: flag for key, flag in _DEFAULT_FLAGS.items() if key in defaults.overrides and key in overrides}
+    for key, value in defaults.overrides.items():
+        overrides.setdefault(key, value)
+    print(printable(defaults.describe(given)))
+
+
 def cmd_finetune(args: Namespace) -> int:
     """`albert finetune`: one run in this process (a step progress bar), or seeds as Ray tasks; the summary table,
     or after Ctrl-C the partial summary and exit status INTERRUPTED_EXIT."""
@@ -128,6 +145,7 @@ def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], outpu
     from albert_core.finetuning import finetune
 
     overrides = _cli_overrides(args)
+    _apply_recipe_defaults(args.checkpoint, overrides)
     data = _task_data(args, task, overrides, output)
     configs = seed_configs(task, args.checkpoint, data, seeds=seed_values, overrides=overrides, output_dir=output)
     configs[0].tokenizer_path()  # a missing or mismatched tokenizer is an error now, not in every run

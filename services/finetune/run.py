@@ -14,6 +14,9 @@ cluster's resources allow), collects the results, and writes the summary:
 
 `run_downstream` is what evaluation calls for `eval.tasks`; `downstream_evaluator(task)` wraps it in the
 (checkpoint_dir, data_dir) -> metrics form of `services.eval.evaluate.DOWNSTREAM_TASKS`.
+
+A checkpoint of a pretraining run is fine-tuned with its recipe's defaults ([finetune]: lr, max_steps, pooling;
+`recipe_defaults`) where the command does not give them, and the task's own recipe for the rest.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import functools
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +69,40 @@ def seed_list(seeds: int | Sequence[int]) -> list[int]:
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: expected distinct seeds, got {seeds}")
     return seeds
+
+
+@dataclass(frozen=True)
+class RecipeDefaults:
+    """The fine-tuning defaults of the recipe a checkpoint was pretrained with (its run's [finetune]), as
+    seed_configs overrides (lr, max_steps, pooling), and the run directory whose config holds them."""
+
+    overrides: dict[str, Any]
+    run_dir: Path
+
+    def describe(self, given: dict[str, str] | None = None) -> str:
+        """What they set, but for `given` (field -> the option that set it here instead)."""
+        given = given or {}
+        used = ", ".join(f"{k} {v}" for k, v in self.overrides.items() if k not in given) or "none"
+        line = f"fine-tuning defaults of the recipe of {self.run_dir} ([finetune] in coordinator.json): {used}"
+        return line + (f" ({', '.join(given.values())} given instead)" if given else "")
+
+
+def recipe_defaults(
+    checkpoint: str | Path | None = None, *, run_dir: str | Path | None = None
+) -> RecipeDefaults | None:
+    """The fine-tuning defaults for a checkpoint of a pretraining run (runs/NAME/checkpoints/step_N), or for the
+    checkpoints of `run_dir`: its recipe's [finetune] fields that are set; None when it names none or the checkpoint
+    belongs to no run (a model directory elsewhere: the task's recipe)."""
+    from services.run.resume import recorded_run_config, run_dir_of_checkpoint
+
+    if run_dir is None:
+        run_dir = run_dir_of_checkpoint(checkpoint) if checkpoint is not None else None
+    config = recorded_run_config(run_dir) if run_dir is not None else None
+    if config is None:
+        return None
+    f = config.finetune
+    overrides = {k: v for k, v in (("lr", f.lr), ("max_steps", f.max_steps), ("pooling", f.pooling)) if v}
+    return RecipeDefaults(overrides, Path(run_dir)) if overrides else None
 
 
 def seed_configs(

@@ -165,7 +165,7 @@ class EvalSection:
     tasks: list[str] = field(default_factory=list)  # downstream tasks, e.g. ["sst2"]
     task_data: dict[str, str] = field(default_factory=dict)  # task -> data directory
     task_seeds: int = 0  # fine-tuning runs per task (0: the protocol's, 5 for GLUE); their median is logged
-    task_max_steps: int = 0  # cap fine-tuning steps (0: the paper's recipe for the task)
+    task_max_steps: int = 0  # cap fine-tuning steps (0: the recipe's finetune.max_steps, else the task's)
     # A `plateau` event when held-out MLM accuracy is within plateau_margin of the unigram baseline on the same
     # positions for plateau_evals consecutive evaluations after warmup (0: never).
     plateau_margin: float = 0.01
@@ -177,6 +177,18 @@ class EvalSection:
 
 
 @dataclass
+class FinetuneSection:
+    """Fine-tuning defaults that suit this recipe's checkpoints (a small model wants a higher rate than the paper's
+    albert-base recipes): `albert finetune`, `albert eval run` and evaluation schedules (the run's eval.tasks, `albert
+    eval schedule --task`) use them for a checkpoint of a run of this recipe, unless given there (--lr, --max-steps,
+    --pooling; --task-max-steps, eval.task_max_steps). 0 / "": the task's own recipe (the paper's)."""
+
+    lr: float = 0.0  # the peak learning rate
+    max_steps: int = 0  # train steps (warmup scaled alike)
+    pooling: str = ""  # what the task head reads: cls | mean ("": the model's)
+
+
+@dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     model: ModelSection = field(default_factory=ModelSection)
@@ -184,6 +196,7 @@ class RunConfig:
     optim: OptimSection = field(default_factory=OptimSection)
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    finetune: FinetuneSection = field(default_factory=FinetuneSection)
 
     @property
     def run_dir(self) -> Path:
@@ -237,6 +250,7 @@ class RunConfig:
         if d.max_seq_length > self.model_config(30000).max_position_embeddings:
             raise ConfigError("data.max_seq_length: exceeds model max_position_embeddings")
         _check_eval(self.eval)
+        _check_finetune(self.finetune)
 
     # --- serialization -----------------------------------------------------------------------------
 
@@ -392,6 +406,15 @@ def _check_eval(e: EvalSection) -> None:
         raise ConfigError(f"eval.task_data: no data directory for task {missing[0]!r}")
 
 
+def _check_finetune(f: FinetuneSection) -> None:
+    if not 0 <= f.lr < math.inf:
+        raise ConfigError(f"finetune.lr: expected a learning rate > 0 (0: the task's), got {f.lr}")
+    if f.max_steps < 0:
+        raise ConfigError(f"finetune.max_steps: expected >= 0 (0: the task's), got {f.max_steps}")
+    if f.pooling not in ("", "cls", "mean"):
+        raise ConfigError(f'finetune.pooling: expected cls, mean or "" (the model\'s), got {f.pooling!r}')
+
+
 SECTION_TYPES = {
     "run": RunSection,
     "model": ModelSection,
@@ -399,6 +422,7 @@ SECTION_TYPES = {
     "optim": OptimSection,
     "train": TrainSection,
     "eval": EvalSection,
+    "finetune": FinetuneSection,
 }
 
 

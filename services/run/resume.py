@@ -1,4 +1,5 @@
-"""What a resume may change: the run's config of record (coordinator.json's `config`, the config its last start used
+"""The run's config of record, read from its directory (and from a checkpoint's: the run it belongs to), and what a
+resume may change. The run's config of record (coordinator.json's `config`, the config its last start used
 and its checkpoints were written under) against the config the resume starts with.
 
 A resume under a changed recipe is refused before Ray starts, naming each changed field with both values, unless
@@ -37,6 +38,7 @@ SAFE_TO_CHANGE = (
     *("train.num_workers", "train.min_workers", "train.micro_batch_size", "train.cpus_per_worker"),
     *("train.resources_per_worker", "train.compile"),
     *("data.follow", "data.mixture"),
+    "finetune",  # defaults for fine-tuning the run's checkpoints later
 )
 
 
@@ -51,9 +53,29 @@ def recorded_config(run_dir: str | Path) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
+def run_dir_of_checkpoint(checkpoint: str | Path) -> Path | None:
+    """The pretraining run a checkpoint belongs to (runs/NAME for runs/NAME/checkpoints/step_N, when runs/NAME holds
+    the run's coordinator.json), or None."""
+    path = Path(checkpoint).resolve()
+    run_dir = path.parent.parent
+    if path.parent.name == CHECKPOINTS_DIR and (run_dir / STATE_FILE).is_file():
+        return run_dir
+    return None
+
+
+def recorded_run_config(run_dir: str | Path) -> RunConfig | None:
+    """The run's config of record as a RunConfig, or None when there is none or it is not valid now."""
+    recorded = recorded_config(run_dir)
+    try:
+        return RunConfig.from_dict(recorded, source="") if recorded is not None else None
+    except (ConfigError, TypeError):
+        return None
+
+
 def field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """config_changes with model.overrides split into its fields: "model.overrides.hidden_size" -> [64, 128]."""
-    changed = config_changes(dict(before), dict(after))
+    """config_changes with model.overrides split into its fields: "model.overrides.hidden_size" -> [64, 128]. A
+    config recorded before a field existed counts as holding its default."""
+    changed = config_changes(_with_defaults(before), _with_defaults(after))
     overrides = changed.pop(OVERRIDES, None)
     if overrides is not None:
         old, new = (v if isinstance(v, dict) else {} for v in overrides)
@@ -61,6 +83,13 @@ def field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[s
             if old.get(name) != new.get(name):
                 changed[f"{OVERRIDES}.{name}"] = [old.get(name), new.get(name)]
     return dict(sorted(changed.items()))
+
+
+def _with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return RunConfig.from_dict(dict(config), source="").to_dict()
+    except (ConfigError, TypeError):  # not a valid config now: compared as recorded
+        return dict(config)
 
 
 def check_field_names(names: Iterable[str]) -> None:

@@ -57,6 +57,10 @@ def plan_lines(plan: WorkerPlan, *, start_step: int = 0) -> list[str]:
         lines.append(f"dropout {model.hidden_dropout_prob:g} removed at step {t.dropout_removal_step}")
     if plan.init_from:
         lines.append(f"initialized from {plan.init_from}")
+    f = config.finetune
+    tuned = ", ".join(f"{k} {v}" for k, v in (("lr", f.lr), ("max_steps", f.max_steps), ("pooling", f.pooling)) if v)
+    if tuned:
+        lines.append(f"fine-tuning its checkpoints: {tuned} ([finetune]; the task's recipe for the rest)")
     return lines
 
 
