@@ -4,6 +4,7 @@ parsed by each field's declared type), errors say where a value came from."""
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -278,6 +279,23 @@ def test_the_schedule_step_budget_evaluation_and_worker_layout_may_change_withou
     base = {"data.shards": started_run.data.shards, "run.output_dir": started_run.run.output_dir, "run.name": "r"}
     changes = check_resume_changes(started_run.run_dir, RunConfig.load("tiny", {**base, **safe}))
     assert set(changes) == set(safe) and changes["optim.total_steps"] == [4000, 8000]
+
+
+def test_the_same_shard_set_written_another_way_or_moved_is_no_change(started_run, tmp_path, monkeypatch):
+    import shutil
+
+    from services.run.resume import check_resume_changes
+
+    shards = Path(started_run.data.shards)
+    base = {"run.output_dir": started_run.run.output_dir, "run.name": "r", "optim.warmup_steps": 10}
+    monkeypatch.chdir(shards.parent)
+    assert check_resume_changes(started_run.run_dir, RunConfig.load("tiny", {**base, "data.shards": "shards"})) == {}
+    shutil.copytree(shards, tmp_path / "moved")
+    moved = RunConfig.load("tiny", {**base, "data.shards": str(tmp_path / "moved")})
+    assert check_resume_changes(started_run.run_dir, moved) == {}
+    (tmp_path / "moved" / "manifest.json").write_text('{"vocab_size": 97}')  # another shard set
+    with pytest.raises(ConfigError, match="data.shards: .* -> .*moved"):
+        check_resume_changes(started_run.run_dir, moved)
 
 
 def test_an_unknown_field_in_allow_config_change_names_the_sections(started_run):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from albert_core.config import AlbertConfig, ConfigError
+from albert_core.shards import MANIFEST_FILE
 from services.run.checkpoints import CHECKPOINTS_DIR, list_checkpoints
 from services.run.config import SECTION_TYPES, RunConfig, config_changes
 from services.run.fields import type_hints
@@ -39,6 +40,7 @@ SAFE_TO_CHANGE = (
     *("train.resources_per_worker", "train.compile"),
     *("data.follow", "data.mixture"),
     "finetune",  # defaults for fine-tuning the run's checkpoints later
+    *("model.init_from", "data.continue_from_init"),  # how a new run starts; a resume loads its own checkpoint
 )
 
 
@@ -122,6 +124,8 @@ def check_resume_changes(run_dir: str | Path, config: RunConfig, allowed: Sequen
     if recorded is None or not list_checkpoints(run_dir / CHECKPOINTS_DIR):
         return {}
     changed = field_changes(recorded, config.to_dict())
+    if "data.shards" in changed and same_shard_set(*changed["data.shards"]):
+        del changed["data.shards"]  # written another way (relative, absolute), or the same set moved
     refused = {k: v for k, v in changed.items() if not allowed_by(k, (*SAFE_TO_CHANGE, *allowed))}
     if refused:
         fields = "; ".join(f"{k}: {_show(v[0])} -> {_show(v[1])}" for k, v in refused.items())
@@ -130,6 +134,18 @@ def check_resume_changes(run_dir: str | Path, config: RunConfig, allowed: Sequen
             f"Resume with the run's recipe, or allow the change: --allow-config-change {' '.join(refused)}"
         )
     return changed
+
+
+def same_shard_set(before: str, after: str) -> bool:
+    """Whether two data.shards values name one shard set: the same directory from here, or two directories whose
+    manifest.json (every part's files, rows and sha256) is the same."""
+    try:
+        if Path(before).resolve() == Path(after).resolve():
+            return True
+        old, new = Path(before) / MANIFEST_FILE, Path(after) / MANIFEST_FILE
+        return old.is_file() and new.is_file() and old.read_bytes() == new.read_bytes()
+    except (OSError, TypeError):
+        return False
 
 
 def describe_changes(changed: Mapping[str, list[Any]]) -> list[str]:
