@@ -38,10 +38,11 @@ _RE_LINK = re.compile(r"\[\[((?:(?!\[\[|\]\]).)*)\]\]", re.DOTALL)
 _RE_EXTERNAL = re.compile(r"\[(?:https?:|ftp:)?//[^\s\]]*\s*([^\]]*)\]")
 _RE_BOLD_ITALIC = re.compile(r"'{2,}")
 _RE_MAGIC = re.compile(r"__[A-Z]+__")
-_RE_EMPTY_PARENS = re.compile(r"\(\s*(?:[,;:]\s*)?\)")
-_RE_PAREN_LEAD = re.compile(r"\(\s*[,;:]\s*")
-_RE_SPACES = re.compile(r"[ \t\u00a0]+")
-_RE_SPACE_PUNCT = re.compile(r" +([,.;:!?)])")
+# Paragraph clean-up, applied to all paragraphs at once (joined by "\n"): no pattern matches a newline.
+_RE_EMPTY_PARENS = re.compile(r"\([^\S\n]*(?:[,;:][^\S\n]*)?\)")
+_RE_PAREN_LEAD = re.compile(r"\([^\S\n]*[,;:][^\S\n]*")
+_RE_SPACES = re.compile(r"[ \t\u00a0]{2,}|[\t\u00a0]")  # a run of them becomes one space (a lone space stays)
+_SPACE_PUNCT = [(" " + c, c) for c in ",.;:!?)"]  # after _RE_SPACES: a space before punctuation goes
 
 
 # Every pass of a nested construct (templates, tables, links) removes one level and costs a pass over the page, so
@@ -128,19 +129,30 @@ def strip_wikitext(text: str) -> str:
     interlanguage links removed; [[target|label]] → label; '''bold''' and ''italic'' unmarked; HTML tags
     removed keeping their text; headings become their own paragraph; reference sections dropped.
     Paragraphs are separated by a blank line."""
-    text = _RE_COMMENT.sub("", text)
-    text = _drop_elements(text, _RE_REF_NAME, None)
-    text = _drop_elements(text, _RE_DROP_NAME, _RE_DROP_CLOSE)
-    text = _replace_until_stable(_RE_TEMPLATE, "", text)
-    text = _replace_until_stable(_RE_TABLE, "", text)
-    text = _replace_until_stable(_RE_LINK, _link, text)
-    text = _external_links(text)
-    text = _RE_BR.sub(" ", text)
-    text = _RE_TAG.sub("", text)
-    text = _RE_BOLD_ITALIC.sub("", text)
-    text = _RE_MAGIC.sub("", text)
+    # Each construct is looked for only when its opening characters occur: a page of plain prose costs a few scans.
+    if "<!--" in text:
+        text = _RE_COMMENT.sub("", text)
+    if "<" in text:
+        text = _drop_elements(text, _RE_REF_NAME, None)
+        text = _drop_elements(text, _RE_DROP_NAME, _RE_DROP_CLOSE)
+    if "{{" in text:
+        text = _replace_until_stable(_RE_TEMPLATE, "", text)
+    if "{|" in text:
+        text = _replace_until_stable(_RE_TABLE, "", text)
+    if "[[" in text:
+        text = _replace_until_stable(_RE_LINK, _link, text)
+    if "[" in text:
+        text = _external_links(text)
+    if "<" in text:
+        text = _RE_BR.sub(" ", text)
+        text = _RE_TAG.sub("", text)
+    if "''" in text:
+        text = _RE_BOLD_ITALIC.sub("", text)
+    if "__" in text:
+        text = _RE_MAGIC.sub("", text)
     text = text.replace("{{", "").replace("}}", "")
-    text = html.unescape(text)
+    if "&" in text:
+        text = html.unescape(text)
 
     paragraphs: list[str] = []
     current: list[str] = []
@@ -174,12 +186,11 @@ def strip_wikitext(text: str) -> str:
         current.append(line)
     flush()
 
-    cleaned = []
-    for p in paragraphs:
-        p = _RE_EMPTY_PARENS.sub("", p)
-        p = _RE_PAREN_LEAD.sub("(", p)
-        p = _RE_SPACES.sub(" ", p)
-        p = _RE_SPACE_PUNCT.sub(r"\1", p).strip()
-        if any(c.isalnum() for c in p):
-            cleaned.append(p)
-    return "\n\n".join(cleaned)
+    text = _RE_EMPTY_PARENS.sub("", "\n".join(paragraphs))  # a paragraph holds no "\n"
+    text = _RE_PAREN_LEAD.sub("(", text)
+    if "  " in text or "\t" in text or "\u00a0" in text:
+        text = _RE_SPACES.sub(" ", text)
+    for spaced, mark in _SPACE_PUNCT:
+        text = text.replace(spaced, mark)
+    cleaned = (p.strip() for p in text.split("\n"))
+    return "\n\n".join(p for p in cleaned if any(c.isalnum() for c in p))
