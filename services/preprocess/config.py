@@ -35,7 +35,8 @@ class PreprocessConfig:
     on_error: str = "skip"
     skip_missing_inputs: bool = False  # an input matching nothing: False: an error before anything runs; True: a
     # `missing` skip (the CLI's explicit --on-error skip)
-    # Documents reserved for intrinsic evaluation, chosen by a hash of (file, location): stable across runs/seeds.
+    # Documents reserved for intrinsic evaluation, chosen by the sha256 of their text: stable across runs, seeds and
+    # however the input is cut (albert_core.shards.document_hash).
     heldout_fraction: float = option(0.01, "--heldout-fraction", "share of documents held out", shape=True)
     # The input of one unit of work (and one shard): consecutive files are grouped up to this many bytes on disk,
     # and a bigger file is cut into regions of about this size (albert_core.regions); a single-stream compressed
