@@ -228,7 +228,8 @@ def test_cli_reports_an_unknown_job_id_as_an_error(cluster, capsys):
 @pytest.mark.parametrize(
     "address", ["http://10.1.2.3:8265", "http://head.example.com:8265", "http://localhost.example.com:8265"]
 )
-def test_plain_http_to_a_host_that_is_not_loopback_is_refused_with_the_reason(address):
+def test_plain_http_to_a_host_that_is_not_loopback_is_refused_with_the_reason(address, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token of this machine's own (Ray writes one 0644)
     with pytest.raises(jobs.InsecureAddressError, match="SSH tunnel"):
         jobs.submit("model", ["info"], address=address, working_dir=REPO, environ={})
 

@@ -199,9 +199,17 @@ def pretrain_args(tmp_path, shards, *more: str) -> list[str]:
     return ["pretrain", "--config", "tiny", *[a for s in sets for a in ("--set", s)], *more]
 
 
-def test_dry_run_prints_the_whole_plan_and_starts_or_writes_nothing(capsys, tmp_path, shards):
+def test_dry_run_prints_the_whole_plan_and_starts_or_writes_nothing(capsys, tmp_path, shards, monkeypatch):
+    import ray
+
     from services.cli import main
 
+    def refuse(*args, **kwargs):
+        raise AssertionError("the dry run started Ray")
+
+    # whether or not an earlier test of this process left Ray running: neither joining nor starting one
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr("services.train.pretrain.connect", refuse)
     before = sorted(p.name for p in shards.rglob("*"))
     assert main(pretrain_args(tmp_path, shards, "--dry-run")) == 0
     out = capsys.readouterr().out
@@ -217,8 +225,6 @@ def test_dry_run_prints_the_whole_plan_and_starts_or_writes_nothing(capsys, tmp_
     assert "fine-tuning its checkpoints: lr 0.001, max_steps 300, pooling mean" in out
     assert not (tmp_path / "runs").exists()  # no run directory made
     assert sorted(p.name for p in shards.rglob("*")) == before  # no unigram counts stored
-    ray = __import__("sys").modules.get("ray")
-    assert ray is None or not ray.is_initialized()
 
 
 def test_dry_run_refuses_what_the_run_would_refuse(capsys, tmp_path, shards):
