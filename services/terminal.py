@@ -24,6 +24,7 @@ EXIT_STOPPED = 3  # a pretraining run stopped early on its own (divergence with 
 EXIT_DATA = 65  # bad data or config: a recipe field, a --set value, a file's contents, a path that is not there
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); a pretraining run saved a checkpoint first
 EXIT_PIPE = 141  # the output was closed (`albert ... | head`; 128 + SIGPIPE)
+EXIT_TERMINATED = 143  # SIGTERM (`albert jobs stop`, Kubernetes); a pretraining run saved a checkpoint first
 EXIT_CODES = {  # each meaning fits a line of `albert --help` on 80 columns
     EXIT_OK: "done",
     EXIT_FAILED: "it ran and failed: a cluster job, an evaluation scheduler, a bug",
@@ -32,6 +33,7 @@ EXIT_CODES = {  # each meaning fits a line of `albert --help` on 80 columns
     EXIT_DATA: "bad data or config: a recipe field, a --set value, a file, a path",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C); pretraining saves a checkpoint first",
     EXIT_PIPE: "the output was closed (albert ... | head)",
+    EXIT_TERMINATED: "terminated (SIGTERM); pretraining saves a checkpoint first",
 }
 
 

@@ -67,12 +67,12 @@ cpus = 1
 class Terminal:
     """`albert pretrain` as a terminal runs it: its own session, Ctrl-C to the whole process group."""
 
-    def __init__(self, recipe: Path, run_dir: Path, *extra: str):
+    def __init__(self, recipe: Path, run_dir: Path, *extra: str, env: dict[str, str] | None = None):
         self.run_dir = run_dir
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log = (run_dir.parent / f"console-{time.time_ns()}.log").open("w")
         args = [ALBERT, "pretrain", "--config", str(recipe), "--no-progress", *extra]
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})}
         env.pop("RAY_ADDRESS", None)
         self.process = subprocess.Popen(
             args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_sigint
@@ -80,6 +80,10 @@ class Terminal:
 
     def ctrl_c(self) -> None:
         os.killpg(self.process.pid, signal.SIGINT)
+
+    def terminate(self) -> None:
+        """SIGTERM to the driver alone, as `kill PID`, Ray's job supervisor or a container runtime sends it."""
+        self.process.send_signal(signal.SIGTERM)
 
     def wait(self, timeout: float) -> int:
         try:
@@ -141,6 +145,42 @@ def test_ctrl_c_checkpoints_and_stops_and_a_resume_with_a_pending_evaluation_tra
     assert second.wait(timeout=60) == 130
     assert "stopped at once" in second.console()
     # Resuming on another worker count (the issue's `train.num_workers=1` traceback): tests/test_resize.py.
+
+
+def traced_steps(trace: Path) -> list[tuple[int, int]]:
+    """(rank, step) of every step a worker started (ALBERT_TRACE_EXAMPLES), a step redone after a stop again."""
+    lines = [json.loads(line) for path in sorted(trace.glob("rank*.jsonl")) for line in path.read_text().splitlines()]
+    return [(line["rank"], line["step"]) for line in lines]
+
+
+def test_sigterm_checkpoints_at_the_stop_step_exits_143_and_the_resume_redoes_no_step(tmp_path, shards):  # noqa: F811
+    """`kill PID` of a local `albert pretrain` at step ~20: the run saves a checkpoint at its next step, exits 143,
+    and the same command resumes from that very step: no step is trained twice."""
+    recipe = write_recipe(tmp_path / "recipe.toml", shards, tmp_path / "runs")
+    run_dir, trace = tmp_path / "runs" / "ctrl-c", tmp_path / "trace"
+    env = {"ALBERT_TRACE_EXAMPLES": str(trace)}
+
+    first = Terminal(recipe, run_dir, env=env)
+    first.wait_for_step_past(16, timeout=240)
+    first.terminate()
+    assert first.wait(timeout=60) == 143, first.console()[-3000:]
+    asked, stopped = events(run_dir, "stop_requested"), events(run_dir, "stopped")
+    assert [e["signal"] for e in asked] == ["SIGTERM"] and "SIGTERM on the driver" in asked[0]["reason"]
+    assert len(stopped) == 1 and stopped[0]["signal"] == "SIGTERM"
+    stop_step = stopped[0]["step"]
+    assert stopped[0]["checkpoint_step"] == stop_step == max(checkpoint_steps(run_dir))
+    assert f"stopped at step {stop_step}" in first.console() and "Traceback" not in first.console()
+
+    second = Terminal(recipe, run_dir, env=env)
+    second.wait_for_step_past(stop_step + 2, timeout=240)
+    second.terminate()
+    assert second.wait(timeout=60) == 143, second.console()[-3000:]
+    assert [e["step"] for e in events(run_dir, "resumed")] == [stop_step]
+    steps = traced_steps(trace)
+    redone = len(steps) - len(set(steps))
+    print(f"\nSIGTERM at step {stop_step}: steps redone by the resume {redone}")
+    assert redone == 0, sorted(s for s in steps if steps.count(s) > 1)
+    assert {step for _, step in steps} >= set(range(1, stop_step + 3))
 
 
 def test_workers_ray_cannot_place_fail_within_the_startup_timeout_naming_what_is_missing(

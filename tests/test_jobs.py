@@ -504,7 +504,11 @@ def test_unreachable_job_server_is_reported_with_its_address():
 
 def test_runtime_env_extras_add_env_vars_and_excludes_to_the_defaults():
     env = jobs.build_runtime_env(REPO, {"env_vars": {"ALBERT_X": "1"}, "excludes": ["big/"]})
-    assert env["env_vars"] == {"ALBERT_X": "1"}
+    assert env["env_vars"] == {"ALBERT_X": "1", "RAY_JOB_STOP_WAIT_TIME_S": str(jobs.STOP_WAIT_S)}
+    # `albert jobs stop` leaves a pretraining job its train.stop_grace_s (25 s) before SIGKILL, not Ray's 3 s
+    assert jobs.STOP_WAIT_S > 25
+    own = jobs.build_runtime_env(REPO, {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "90"}})
+    assert own["env_vars"] == {"RAY_JOB_STOP_WAIT_TIME_S": "90"}
     assert env["excludes"] == [*jobs.EXCLUDES, "big/"]
     assert env["working_dir"] == str(REPO)
 

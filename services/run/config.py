@@ -145,6 +145,16 @@ class TrainSection:
     # How long the driver waits for Ray to place all num_workers workers (each start and restart) before it fails
     # with a message naming the resources missing. Raise it on clusters that autoscale new nodes.
     startup_timeout_s: float = 180.0
+    # A SIGTERM (to the driver: `albert jobs stop`, Kubernetes deleting the pod; or to a worker process) asks every
+    # worker to save a checkpoint at its next step and stop. The driver waits this long for it, then stops without
+    # one (SIGKILL follows SIGTERM: Kubernetes' terminationGracePeriodSeconds, 30 s by default; keep this below it).
+    stop_grace_s: float = 25.0
+    # Every this many steps all workers ask Ray Train whether a node of theirs is being drained or preempted
+    # (ray.train.get_preemption_info, a barrier across workers); on a notice each saves a checkpoint at that step and
+    # trains on. 0: never ask (a preempted node then loses the steps since the last checkpoint).
+    preemption_check_every: int = 10
+    # Restarts after a preempted node that Ray Train makes on top of max_failures (-1: no limit).
+    max_preemption_failures: int = -1
 
     @property
     def accumulation(self) -> int:
@@ -353,6 +363,16 @@ def _check_train(t: TrainSection) -> None:
         raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
     if not 0 < t.startup_timeout_s < math.inf:
         raise ConfigError(f"train.startup_timeout_s: expected seconds > 0, got {t.startup_timeout_s}")
+    if not 0 < t.stop_grace_s < math.inf:
+        raise ConfigError(f"train.stop_grace_s: expected seconds > 0, got {t.stop_grace_s}")
+    if t.preemption_check_every < 0:
+        raise ConfigError(
+            f"train.preemption_check_every: expected steps >= 0 (0: never), got {t.preemption_check_every}"
+        )
+    if t.max_preemption_failures < -1:
+        raise ConfigError(
+            f"train.max_preemption_failures: expected -1 (no limit) or >= 0, got {t.max_preemption_failures}"
+        )
 
 
 def _check_optim(o: OptimSection) -> None:

@@ -94,12 +94,14 @@ class TrainLine:
 
 @dataclass
 class StopRequest:
-    """The driver's first Ctrl-C: training checkpoints at its next step and ends. `session`: the coordinator that took
-    it; one restarted by Ray is the same session and honours it, the next run's coordinator is another and does not."""
+    """A graceful stop (the driver's first Ctrl-C, a SIGTERM to the driver or a worker): training checkpoints at its
+    next step and ends. `session`: the coordinator that took it; one restarted by Ray is the same session and honours
+    it, the next run's coordinator is another and does not. `signal`: the signal that asked (SIGINT, SIGTERM)."""
 
     step: int
     time: float
     session: str
+    signal: str = "SIGINT"
 
 
 @dataclass
@@ -275,18 +277,18 @@ class RunLedger:
                 self.save()
         return None
 
-    def request_stop(self, session: str, reason: str) -> None:
-        """Record the driver's stop request (a `stop_requested` event), so that a restarted coordinator of the same
-        session still hands it to training."""
+    def request_stop(self, session: str, reason: str, signal: str = "SIGINT") -> None:
+        """Record a stop request (a `stop_requested` event naming the signal), so that a restarted coordinator of the
+        same session still hands it to training."""
         if not self.stop_requested(session):
-            self.state.stop_request = StopRequest(self.state.step, time.time(), session)
-            self.event(self.state.step, "stop_requested", reason=reason)
+            self.state.stop_request = StopRequest(self.state.step, time.time(), session, signal)
+            self.event(self.state.step, "stop_requested", reason=reason, signal=signal)
             self.save()
 
-    def stop_requested(self, session: str) -> bool:
-        """Whether this session's driver asked training to stop (an earlier session's request ended its own run)."""
+    def stop_requested(self, session: str) -> str | None:
+        """The signal of this session's stop request (an earlier session's request ended its own run), or None."""
         request = self.state.stop_request
-        return request is not None and request.session == session
+        return request.signal if request is not None and request.session == session else None
 
     # --- evaluations ---
 

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -321,19 +322,21 @@ class Clock:
         return bool(train.max_seconds) and state.train_seconds >= train.max_seconds
 
     def tick(self, state: TrainerState) -> str | None:
-        """Update state.train_seconds (rank 0's, on every worker); "budget" or "requested" on every worker when the
-        run ends at this step."""
+        """Update state.train_seconds (rank 0's, on every worker); on every worker, when the run ends at this step,
+        "budget" or the name of the signal that asked for the stop ("SIGINT", "SIGTERM")."""
         state.train_seconds = self.before + time.perf_counter() - self.started
         if not self.decides:
             return None
-        reason = 0
+        reason = 0  # 1: the budget is spent; else the number of the signal that asked for a stop
         if self.worker.record is not None:  # rank 0
             if self.spent(self.worker.plan.run.train, state):
                 reason = 1
-            elif self.worker.record.stop_requested():
-                reason = 2
+            elif asked := self.worker.record.stop_requested():
+                reason = int(getattr(signal.Signals, asked, signal.SIGINT))
         reason, state.train_seconds = _from_rank0_numbers([reason, state.train_seconds], self.worker.distributed)
-        return {0: None, 1: "budget", 2: "requested"}[int(reason)]
+        if int(reason) == 0:
+            return None
+        return "budget" if int(reason) == 1 else signal.Signals(int(reason)).name
 
 
 def follow_clock(worker: Worker, scheduler, state: TrainerState) -> None:
@@ -375,8 +378,9 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
         raise SimulatedCrash(f"{STOP_ENV}={step}: stopping after step {step} to simulate a crash")
     if ends == "budget":
         log.info("train.max_seconds=%s spent at step %d: the run ends here", t.max_seconds, step)
-    elif ends == "requested" and worker.record is not None:
-        worker.record.event(step, "stopped", reason="stop requested on the driver (Ctrl-C)", checkpoint_step=step)
+    elif ends is not None and worker.record is not None:
+        asked = "Ctrl-C (SIGINT)" if ends == "SIGINT" else ends
+        worker.record.event(step, "stopped", reason=f"stop requested ({asked})", signal=ends, checkpoint_step=step)
     return True if ends is not None else None
 
 
