@@ -153,23 +153,32 @@ def traced_steps(trace: Path) -> list[tuple[int, int]]:
     return [(line["rank"], line["step"]) for line in lines]
 
 
-def test_sigterm_checkpoints_at_the_stop_step_exits_143_and_the_resume_redoes_no_step(tmp_path, shards):  # noqa: F811
-    """`kill PID` of a local `albert pretrain` at step ~20: the run saves a checkpoint at its next step, exits 143,
-    and the same command resumes from that very step: no step is trained twice."""
+@pytest.mark.parametrize("target", ["driver", "worker"])
+def test_sigterm_checkpoints_at_the_stop_step_exits_143_and_the_resume_redoes_no_step(target, tmp_path, shards):  # noqa: F811
+    """`kill PID` of a local `albert pretrain` at step ~20, or of one of its Ray Train worker processes: the run
+    saves a checkpoint at its next step, exits 143, and the same command resumes from that very step: no step is
+    trained twice."""
     recipe = write_recipe(tmp_path / "recipe.toml", shards, tmp_path / "runs")
     run_dir, trace = tmp_path / "runs" / "ctrl-c", tmp_path / "trace"
     env = {"ALBERT_TRACE_EXAMPLES": str(trace)}
 
     first = Terminal(recipe, run_dir, env=env)
     first.wait_for_step_past(16, timeout=240)
-    first.terminate()
+    if target == "driver":
+        first.terminate()
+    else:  # rank 1's process (its trace lines name it)
+        pid = next(json.loads(line)["pid"] for line in (trace / "rank1.jsonl").read_text().splitlines())
+        os.kill(pid, signal.SIGTERM)
     assert first.wait(timeout=60) == 143, first.console()[-3000:]
     asked, stopped = events(run_dir, "stop_requested"), events(run_dir, "stopped")
-    assert [e["signal"] for e in asked] == ["SIGTERM"] and "SIGTERM on the driver" in asked[0]["reason"]
+    where = "the driver" if target == "driver" else f"worker rank 1 (pid {pid}"
+    assert [e["signal"] for e in asked] == ["SIGTERM"] and f"SIGTERM on {where}" in asked[0]["reason"]
     assert len(stopped) == 1 and stopped[0]["signal"] == "SIGTERM"
     stop_step = stopped[0]["step"]
     assert stopped[0]["checkpoint_step"] == stop_step == max(checkpoint_steps(run_dir))
     assert f"stopped at step {stop_step}" in first.console() and "Traceback" not in first.console()
+    if target == "worker":  # the resume after a stop is the same as the driver's
+        return
 
     second = Terminal(recipe, run_dir, env=env)
     second.wait_for_step_past(stop_step + 2, timeout=240)

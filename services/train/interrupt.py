@@ -9,6 +9,8 @@ follows it.
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
 import threading
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -98,3 +101,34 @@ def run_interruptibly(
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["value"]  # type: ignore[return-value]
+
+
+def ask_to_stop_on_sigterm(coordinator: str, rank: int) -> None:
+    """In a Ray Train worker process: a SIGTERM (a node shutting down, Kubernetes deleting the pod, `kill PID`) asks
+    the run, through its coordinator, for the same graceful stop as the driver's: every worker saves a checkpoint
+    at its next step and stops. Must run on the process's main thread (Ray's own handler there would exit it)."""
+    import ray
+
+    from services import RAY_NAMESPACE
+
+    where = f"worker rank {rank} (pid {os.getpid()}, node {ray.get_runtime_context().get_node_id()[:12]})"
+
+    def on_sigterm(signum, frame) -> None:
+        ray.get_actor(coordinator, namespace=RAY_NAMESPACE).request_stop.remote("SIGTERM", where)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def stop_gracefully_on_sigterm(coordinator: str, rank: int) -> bool:
+    """From the training thread of a Ray Train worker: install `ask_to_stop_on_sigterm` on the worker actor's main
+    thread (the actor runs its calls there); False, and the worker keeps Ray's handler, where that fails."""
+    import ray
+    from ray.exceptions import RayError
+
+    try:
+        actor = ray.get_runtime_context().current_actor
+        ray.get(actor.execute.remote(ask_to_stop_on_sigterm, coordinator, rank), timeout=30)
+    except (RayError, AttributeError, ValueError) as err:
+        log.warning("rank %d: SIGTERM to this worker will not checkpoint first: %s", rank, err)
+        return False
+    return True

@@ -49,6 +49,7 @@ from services.train.follow import (
     recorded_epochs,
 )
 from services.train.input import InputPlan, open_input
+from services.train.interrupt import stop_gracefully_on_sigterm
 from services.train.plan import ShardSet, WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
 from services.train.state import TrainerState
@@ -136,6 +137,8 @@ def start_worker(plan: WorkerPlan) -> Worker:
     distributed = dist.is_available() and dist.is_initialized() and world > 1
     backend = backend_for(plan, world=world, reduce_sum=all_reduce_sum if distributed else None)
     record = open_record(plan) if rank == 0 else None
+    if plan.coordinator:  # a SIGTERM to this process asks the run for a graceful stop, as one to the driver does
+        stop_gracefully_on_sigterm(plan.coordinator, rank)
     return Worker(plan, rank, world, distributed, backend, record, shards=plan.shards)
 
 
