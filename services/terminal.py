@@ -37,6 +37,34 @@ EXIT_CODES = {  # each meaning fits a line of `albert --help` on 80 columns
 }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `albert jobs stop`, Kubernetes), raised on the main thread: a command unwinds as after Ctrl-C
+    (its KeyboardInterrupt paths: a partial summary, locks released, Ray tasks cancelled) and exits EXIT_TERMINATED."""
+
+
+def raise_on_sigterm() -> None:
+    """SIGTERM raises Terminated on the main thread. `ray.init` replaces the handler with Ray's own (which exits at
+    once, skipping a command's own clean-up): call this again after it. Off the main thread: nothing."""
+    import signal
+    import threading
+
+    def on_sigterm(signum, frame) -> None:
+        raise Terminated("terminated (SIGTERM)")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def interrupted_status(interrupt: BaseException) -> int:
+    """EXIT_TERMINATED when `interrupt` is, or was raised while handling, a Terminated; else EXIT_INTERRUPTED."""
+    seen: BaseException | None = interrupt
+    while seen is not None:
+        if isinstance(seen, Terminated):
+            return EXIT_TERMINATED
+        seen = seen.__context__
+    return EXIT_INTERRUPTED
+
+
 class UsageError(ValueError):
     """A command line that cannot run as written: options that conflict or need another (exit EXIT_USAGE)."""
 
