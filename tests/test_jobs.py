@@ -373,6 +373,18 @@ def _pod_specs() -> list[dict]:
     return pods
 
 
+def test_every_ray_pod_gives_a_sigterm_time_to_checkpoint_before_sigkill():
+    """A pod deleted (scale-down, node drain, a rollout) gets SIGTERM, then SIGKILL after its grace period: longer
+    than train.stop_grace_s, in which a SIGTERM'd run saves a checkpoint at its next step."""
+    from services.run.config import TrainSection
+
+    ray_pods = [pod for spec in _ray_cluster_specs() for pod in
+                [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]]  # fmt: skip
+    assert len(ray_pods) == 4
+    for pod in ray_pods:
+        assert pod["spec"]["terminationGracePeriodSeconds"] >= TrainSection().stop_grace_s + 10
+
+
 def test_cluster_directory_holds_the_launcher_and_kuberay_files():
     assert {p.name for p in LAUNCHER_FILES} == {"gcp-tpu-v4.yaml", "gcp-tpu-v5e.yaml", "gcp-gpu.yaml"}
     assert {p.name for p in KUBERAY_FILES} == {"shared.yaml", "raycluster.yaml", "rayjob.yaml"}
