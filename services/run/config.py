@@ -184,6 +184,10 @@ class EvalSection:
     # the workers hold, they wait for the end of training. 0 runs them beside training (sharing its cores, one
     # thread each), so held-out numbers and plateau events arrive while the run trains.
     cpus: float = 1.0
+    # An evaluation schedule (`albert eval schedule`) keeps the checkpoints it has still to evaluate from retention
+    # only while its scheduler renews its lease (every few seconds while it runs); one not renewed for this long
+    # (the scheduler was stopped, its cluster went) releases them, with a schedule_lease_expired event.
+    schedule_lease_s: float = 600.0
 
 
 @dataclass
@@ -411,6 +415,8 @@ def _check_optim(o: OptimSection) -> None:
 def _check_eval(e: EvalSection) -> None:
     if not e.cpus >= 0:  # NaN too
         raise ConfigError(f"eval.cpus: expected >= 0 CPUs per evaluator, got {e.cpus}")
+    if not 0 < e.schedule_lease_s < math.inf:
+        raise ConfigError(f"eval.schedule_lease_s: expected seconds > 0, got {e.schedule_lease_s}")
     if not 0 <= e.plateau_margin < 1:
         raise ConfigError(f"eval.plateau_margin: expected an accuracy margin in [0, 1), got {e.plateau_margin}")
     for name in ("every_steps", "task_seeds", "task_max_steps", "plateau_evals"):

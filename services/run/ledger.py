@@ -375,7 +375,16 @@ class RunLedger:
         if best is not None:
             keep.add(best.step)
         keep |= {e.step for e in self.pending_evals()}
-        keep |= schedules.held_steps(self.run_dir, [c.step for c in checkpoints])
+        lease_s = self.config.eval.schedule_lease_s
+        held, lapsed = schedules.held_and_lapsed(self.run_dir, [c.step for c in checkpoints], lease_s)
+        keep |= held
+        for lease in lapsed:  # its scheduler is gone: retention deletes old checkpoints again
+            self.event(
+                self.state.step, "schedule_lease_expired", **lease, lease_s=lease_s,
+                message=f"schedule {lease['schedule']}: no scheduler for {lease['idle_s']:g} s (eval.schedule_lease_s "
+                f"{lease_s:g}); it no longer holds checkpoints from retention. Run `albert eval schedule` again to "
+                "resume it from the oldest checkpoint left",
+            )  # fmt: skip
         deleted = []
         own = (self.run_dir / CHECKPOINTS_DIR).resolve()
         for entry in [c for c in checkpoints if c.step not in keep]:
