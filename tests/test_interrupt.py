@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -190,6 +191,39 @@ def test_sigterm_checkpoints_at_the_stop_step_exits_143_and_the_resume_redoes_no
     print(f"\nSIGTERM at step {stop_step}: steps redone by the resume {redone}")
     assert redone == 0, sorted(s for s in steps if steps.count(s) > 1)
     assert {step for _, step in steps} >= set(range(1, stop_step + 3))
+
+
+def test_a_sigterm_whose_graceful_stop_does_not_end_within_its_grace_stops_at_once_with_143():
+    """run_interruptibly on the main thread: SIGTERM calls the graceful stop with the signal's name; a call that
+    does not end within grace_s is abandoned (StoppedAtOnce, exit 143); one that ends in time returns its value."""
+    from services.train.interrupt import StoppedAtOnce, run_interruptibly
+
+    before = signal.getsignal(signal.SIGTERM)
+    asked: list[str] = []
+    ended = threading.Event()
+
+    def stops_when_asked() -> str:
+        os.kill(os.getpid(), signal.SIGTERM)
+        ended.wait(10)
+        return "checkpointed"
+
+    def graceful(name: str) -> None:
+        asked.append(name)
+        ended.set()
+
+    assert run_interruptibly(stops_when_asked, graceful_stop=graceful, what="run t", grace_s=5) == "checkpointed"
+    assert asked == ["SIGTERM"]
+
+    def never_ends() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+
+    started = time.monotonic()
+    with pytest.raises(StoppedAtOnce, match="did not end within 0.5 s of SIGTERM") as stop:
+        run_interruptibly(never_ends, graceful_stop=asked.append, what="run t", grace_s=0.5)
+    assert stop.value.exit_status == 143 and asked == ["SIGTERM", "SIGTERM"]
+    assert time.monotonic() - started < 5
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
 
 
 def test_workers_ray_cannot_place_fail_within_the_startup_timeout_naming_what_is_missing(
