@@ -56,12 +56,13 @@ def raise_on_sigterm() -> None:
 
 
 def interrupted_status(interrupt: BaseException) -> int:
-    """EXIT_TERMINATED when `interrupt` is, or was raised while handling, a Terminated; else EXIT_INTERRUPTED."""
+    """EXIT_TERMINATED when `interrupt` is, or was raised from or while handling, a Terminated; else
+    EXIT_INTERRUPTED."""
     seen: BaseException | None = interrupt
     while seen is not None:
         if isinstance(seen, Terminated):
             return EXIT_TERMINATED
-        seen = seen.__context__
+        seen = seen.__cause__ or seen.__context__
     return EXIT_INTERRUPTED
 
 

@@ -198,8 +198,10 @@ def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequenc
         (output / "summary.json").write_text(json.dumps(json_safe(record), indent=2) + "\n")
         if summary is None:
             (output / "summary.md").write_text(f"# {task}: interrupted before any run finished\n")
-    print_interrupted(summary, unfinished, len(seeds), output, wrote)
-    return interrupted_status(interrupted)
+    status = interrupted_status(interrupted)
+    how = "interrupted (Ctrl-C)" if status == EXIT_INTERRUPTED else "terminated (SIGTERM)"
+    print_interrupted(summary, unfinished, len(seeds), output, wrote, how)
+    return status
 
 
 def register(commands: argparse._SubParsersAction) -> None:
