@@ -243,7 +243,7 @@ class _Trained:
     history: list[dict[str, Any]]
     steps: int  # optimizer steps taken
     stopped_early: bool = False
-    interrupted: bool = False  # Ctrl-C (KeyboardInterrupt) ended the steps
+    interrupted: KeyboardInterrupt | None = None  # what ended the steps (Ctrl-C, or a command's SIGTERM as one)
 
 
 def _train(run: _Run) -> _Trained:
@@ -276,8 +276,8 @@ def _train(run: _Run) -> _Trained:
             if stop:
                 trained.stopped_early = True
                 break
-    except KeyboardInterrupt:
-        trained.interrupted = True
+    except KeyboardInterrupt as interrupt:
+        trained.interrupted = interrupt
     progress.close()
     return trained
 
@@ -319,7 +319,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
     if trained.interrupted:
         result.update(interrupted=True, seconds=time.time() - started)
         _write_result(run, result)
-        raise FinetuneInterrupted(result)
+        raise FinetuneInterrupted(result) from trained.interrupted
     run.model.load_state_dict(trained.best.state)
     test_outputs = {split: run.predict(split) for split in run.data.available_test_splits()}
     for split_outputs in test_outputs.values():

@@ -28,7 +28,9 @@ from services.terminal import (
     EXIT_PIPE,
     EXIT_USAGE,
     UsageError,
+    interrupted_status,
     printable,
+    raise_on_sigterm,
 )
 from services.train import cli as train_cli
 
@@ -118,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # a usage error exits EXIT_USAGE (argparse's 2) here
+    raise_on_sigterm()
     try:
         code = args.func(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, rather than at exit
@@ -135,9 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:  # ConfigError, CorpusError, CheckpointError... are ValueErrors
         print(f"albert: error: {printable(err)}", file=sys.stderr)
         return EXIT_DATA
-    except KeyboardInterrupt:  # commands that handle Ctrl-C themselves say more before they get here
-        print("albert: interrupted (Ctrl-C)", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as err:  # commands that handle Ctrl-C themselves say more before they get here
+        status = interrupted_status(err)
+        print(f"albert: {'terminated (SIGTERM)' if status != EXIT_INTERRUPTED else 'interrupted (Ctrl-C)'}",
+              file=sys.stderr)  # fmt: skip
+        return status
 
 
 if __name__ == "__main__":

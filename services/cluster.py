@@ -69,6 +69,10 @@ EXCLUDES = [
 TERMINAL_STATUSES = ("SUCCEEDED", "FAILED", "STOPPED")
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_ENV = "RAY_AUTH_TOKEN"
+# How long Ray's job supervisor waits after the SIGTERM of `albert jobs stop` before it sends SIGKILL (Ray's default:
+# 3 s). A pretraining job saves a checkpoint at its next step within train.stop_grace_s (25 s by default) of the
+# SIGTERM; this leaves it that and the time to exit. A job's own --env RAY_JOB_STOP_WAIT_TIME_S=N overrides it.
+STOP_WAIT_ENV, STOP_WAIT_S = "RAY_JOB_STOP_WAIT_TIME_S", 40
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # the order the `ray job` CLI uses
 
@@ -315,6 +319,7 @@ def build_runtime_env(working_dir: str | os.PathLike = ".", extra: Mapping[str, 
     if TOKEN_ENV in env_vars:
         raise JobsError(f"runtime_env.env_vars.{TOKEN_ENV}: refused; the cluster's nodes hold the token already")
     env.update(extra)
+    env["env_vars"] = {STOP_WAIT_ENV: str(STOP_WAIT_S), **env_vars}
     return env
 
 
@@ -455,8 +460,9 @@ def stop_job(
     allow_insecure: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> str:
-    """Ask the job to stop (SIGTERM, then SIGKILL after Ray's grace period); returns its status (after it ended,
-    with `wait`)."""
+    """Ask the job to stop (SIGTERM, then SIGKILL after the job's RAY_JOB_STOP_WAIT_TIME_S, STOP_WAIT_S unless it set
+    another; a pretraining job checkpoints at its next step and exits 143 in between); returns its status (after it
+    ended, with `wait`)."""
     client = job_server(address, token_file=token_file, allow_insecure=allow_insecure, environ=environ)
     _call(client, "stop_job", job_id)
     if wait:

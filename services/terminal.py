@@ -24,6 +24,7 @@ EXIT_STOPPED = 3  # a pretraining run stopped early on its own (divergence with 
 EXIT_DATA = 65  # bad data or config: a recipe field, a --set value, a file's contents, a path that is not there
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); a pretraining run saved a checkpoint first
 EXIT_PIPE = 141  # the output was closed (`albert ... | head`; 128 + SIGPIPE)
+EXIT_TERMINATED = 143  # SIGTERM (`albert jobs stop`, Kubernetes); a pretraining run saved a checkpoint first
 EXIT_CODES = {  # each meaning fits a line of `albert --help` on 80 columns
     EXIT_OK: "done",
     EXIT_FAILED: "it ran and failed: a cluster job, an evaluation scheduler, a bug",
@@ -32,7 +33,37 @@ EXIT_CODES = {  # each meaning fits a line of `albert --help` on 80 columns
     EXIT_DATA: "bad data or config: a recipe field, a --set value, a file, a path",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C); pretraining saves a checkpoint first",
     EXIT_PIPE: "the output was closed (albert ... | head)",
+    EXIT_TERMINATED: "terminated (SIGTERM); pretraining saves a checkpoint first",
 }
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, `albert jobs stop`, Kubernetes), raised on the main thread: a command unwinds as after Ctrl-C
+    (its KeyboardInterrupt paths: a partial summary, locks released, Ray tasks cancelled) and exits EXIT_TERMINATED."""
+
+
+def raise_on_sigterm() -> None:
+    """SIGTERM raises Terminated on the main thread. `ray.init` replaces the handler with Ray's own (which exits at
+    once, skipping a command's own clean-up): call this again after it. Off the main thread: nothing."""
+    import signal
+    import threading
+
+    def on_sigterm(signum, frame) -> None:
+        raise Terminated("terminated (SIGTERM)")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def interrupted_status(interrupt: BaseException) -> int:
+    """EXIT_TERMINATED when `interrupt` is, or was raised from or while handling, a Terminated; else
+    EXIT_INTERRUPTED."""
+    seen: BaseException | None = interrupt
+    while seen is not None:
+        if isinstance(seen, Terminated):
+            return EXIT_TERMINATED
+        seen = seen.__cause__ or seen.__context__
+    return EXIT_INTERRUPTED
 
 
 class UsageError(ValueError):

@@ -409,9 +409,9 @@ def test_a_stop_request_outlives_a_coordinator_restart_but_not_its_run(make_run)
     asks training to stop. The next `albert pretrain` of the run (a new coordinator) is not stopped by it."""
     run = make_run()
     run.call("report", 40, {"loss": 2.0})
-    run.call("request_stop")
+    run.call("request_stop", "SIGTERM")
     restart(run.actor)
-    assert run.call("stop_requested")
+    assert run.call("stop_requested") == "SIGTERM"
     ray.kill(run.actor, no_restart=True)
     run.actor = get_or_create_coordinator(run.dir, run.name, run.config)  # the resumed run's driver
     assert not run.call("stop_requested")

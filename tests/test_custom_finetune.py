@@ -262,7 +262,12 @@ def test_bad_input_is_reported_before_ray_starts(tmp_path, checkpoint):
 # --- Ctrl-C ------------------------------------------------------------------------------------------------
 
 
-def test_ctrl_c_after_a_dev_evaluation_prints_the_partial_summary_and_exits_130(tmp_path, checkpoint, topics):
+@pytest.mark.parametrize(("signum", "status", "how"), [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                                       (signal.SIGTERM, 143, "terminated (SIGTERM)")])  # fmt: skip
+def test_ctrl_c_or_sigterm_after_a_dev_evaluation_prints_the_partial_summary_and_exits_130_or_143(
+    signum, status, how, tmp_path, checkpoint, topics
+):
+    """Ctrl-C, or SIGTERM (exit 143), alike."""
     argv = finetune_args(checkpoint, tmp_path / "out", "--train", str(topics / "train.csv"), "--label-column", "topic")
     argv += ["--max-steps", "5000", "--eval-every", "5"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -281,7 +286,7 @@ def test_ctrl_c_after_a_dev_evaluation_prints_the_partial_summary_and_exits_130(
     for line in run.stdout:
         printed.append(line)
         if line.startswith("step 5/5000"):
-            os.killpg(run.pid, signal.SIGINT)
+            os.killpg(run.pid, signum)
             break
     try:
         out, err = run.communicate(timeout=60)
@@ -290,9 +295,9 @@ def test_ctrl_c_after_a_dev_evaluation_prints_the_partial_summary_and_exits_130(
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
     out = "".join(printed) + out
-    assert run.returncode == 130
+    assert run.returncode == status
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
-    assert "interrupted (Ctrl-C): 0 of 1 run finished" in out
+    assert f"{how}: 0 of 1 run finished" in out
     assert "seed 12345: interrupted; best dev evaluation so far at step 5 of 5000: acc " in out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["runs"] == 0

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,12 +68,12 @@ cpus = 1
 class Terminal:
     """`albert pretrain` as a terminal runs it: its own session, Ctrl-C to the whole process group."""
 
-    def __init__(self, recipe: Path, run_dir: Path, *extra: str):
+    def __init__(self, recipe: Path, run_dir: Path, *extra: str, env: dict[str, str] | None = None):
         self.run_dir = run_dir
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log = (run_dir.parent / f"console-{time.time_ns()}.log").open("w")
         args = [ALBERT, "pretrain", "--config", str(recipe), "--no-progress", *extra]
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})}
         env.pop("RAY_ADDRESS", None)
         self.process = subprocess.Popen(
             args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_sigint
@@ -80,6 +81,10 @@ class Terminal:
 
     def ctrl_c(self) -> None:
         os.killpg(self.process.pid, signal.SIGINT)
+
+    def terminate(self) -> None:
+        """SIGTERM to the driver alone, as `kill PID`, Ray's job supervisor or a container runtime sends it."""
+        self.process.send_signal(signal.SIGTERM)
 
     def wait(self, timeout: float) -> int:
         try:
@@ -141,6 +146,84 @@ def test_ctrl_c_checkpoints_and_stops_and_a_resume_with_a_pending_evaluation_tra
     assert second.wait(timeout=60) == 130
     assert "stopped at once" in second.console()
     # Resuming on another worker count (the issue's `train.num_workers=1` traceback): tests/test_resize.py.
+
+
+def traced_steps(trace: Path) -> list[tuple[int, int]]:
+    """(rank, step) of every step a worker started (ALBERT_TRACE_EXAMPLES), a step redone after a stop again."""
+    lines = [json.loads(line) for path in sorted(trace.glob("rank*.jsonl")) for line in path.read_text().splitlines()]
+    return [(line["rank"], line["step"]) for line in lines]
+
+
+@pytest.mark.parametrize("target", ["driver", "worker"])
+def test_sigterm_checkpoints_at_the_stop_step_exits_143_and_the_resume_redoes_no_step(target, tmp_path, shards):  # noqa: F811
+    """`kill PID` of a local `albert pretrain` at step ~20, or of one of its Ray Train worker processes: the run
+    saves a checkpoint at its next step, exits 143, and the same command resumes from that very step: no step is
+    trained twice."""
+    recipe = write_recipe(tmp_path / "recipe.toml", shards, tmp_path / "runs")
+    run_dir, trace = tmp_path / "runs" / "ctrl-c", tmp_path / "trace"
+    env = {"ALBERT_TRACE_EXAMPLES": str(trace)}
+
+    first = Terminal(recipe, run_dir, env=env)
+    first.wait_for_step_past(16, timeout=240)
+    if target == "driver":
+        first.terminate()
+    else:  # rank 1's process (its trace lines name it)
+        pid = next(json.loads(line)["pid"] for line in (trace / "rank1.jsonl").read_text().splitlines())
+        os.kill(pid, signal.SIGTERM)
+    assert first.wait(timeout=60) == 143, first.console()[-3000:]
+    asked, stopped = events(run_dir, "stop_requested"), events(run_dir, "stopped")
+    where = "the driver" if target == "driver" else f"worker rank 1 (pid {pid}"
+    assert [e["signal"] for e in asked] == ["SIGTERM"] and f"SIGTERM on {where}" in asked[0]["reason"]
+    assert len(stopped) == 1 and stopped[0]["signal"] == "SIGTERM"
+    stop_step = stopped[0]["step"]
+    assert stopped[0]["checkpoint_step"] == stop_step == max(checkpoint_steps(run_dir))
+    assert f"stopped at step {stop_step}" in first.console() and "Traceback" not in first.console()
+    if target == "worker":  # the resume after a stop is the same as the driver's
+        return
+
+    second = Terminal(recipe, run_dir, env=env)
+    second.wait_for_step_past(stop_step + 2, timeout=240)
+    second.terminate()
+    assert second.wait(timeout=60) == 143, second.console()[-3000:]
+    assert [e["step"] for e in events(run_dir, "resumed")] == [stop_step]
+    steps = traced_steps(trace)
+    redone = len(steps) - len(set(steps))
+    print(f"\nSIGTERM at step {stop_step}: steps redone by the resume {redone}")
+    assert redone == 0, sorted(s for s in steps if steps.count(s) > 1)
+    assert {step for _, step in steps} >= set(range(1, stop_step + 3))
+
+
+def test_a_sigterm_whose_graceful_stop_does_not_end_within_its_grace_stops_at_once_with_143():
+    """run_interruptibly on the main thread: SIGTERM calls the graceful stop with the signal's name; a call that
+    does not end within grace_s is abandoned (StoppedAtOnce, exit 143); one that ends in time returns its value."""
+    from services.train.interrupt import StoppedAtOnce, run_interruptibly
+
+    before = signal.getsignal(signal.SIGTERM)
+    asked: list[str] = []
+    ended = threading.Event()
+
+    def stops_when_asked() -> str:
+        os.kill(os.getpid(), signal.SIGTERM)
+        ended.wait(10)
+        return "checkpointed"
+
+    def graceful(name: str) -> None:
+        asked.append(name)
+        ended.set()
+
+    assert run_interruptibly(stops_when_asked, graceful_stop=graceful, what="run t", grace_s=5) == "checkpointed"
+    assert asked == ["SIGTERM"]
+
+    def never_ends() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+
+    started = time.monotonic()
+    with pytest.raises(StoppedAtOnce, match="did not end within 0.5 s of SIGTERM") as stop:
+        run_interruptibly(never_ends, graceful_stop=asked.append, what="run t", grace_s=0.5)
+    assert stop.value.exit_status == 143 and asked == ["SIGTERM", "SIGTERM"]
+    assert time.monotonic() - started < 5
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
 
 
 def test_workers_ray_cannot_place_fail_within_the_startup_timeout_naming_what_is_missing(

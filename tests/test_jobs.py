@@ -374,6 +374,18 @@ def _pod_specs() -> list[dict]:
     return pods
 
 
+def test_every_ray_pod_gives_a_sigterm_time_to_checkpoint_before_sigkill():
+    """A pod deleted (scale-down, node drain, a rollout) gets SIGTERM, then SIGKILL after its grace period: longer
+    than train.stop_grace_s, in which a SIGTERM'd run saves a checkpoint at its next step."""
+    from services.run.config import TrainSection
+
+    ray_pods = [pod for spec in _ray_cluster_specs() for pod in
+                [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]]  # fmt: skip
+    assert len(ray_pods) == 4
+    for pod in ray_pods:
+        assert pod["spec"]["terminationGracePeriodSeconds"] >= TrainSection().stop_grace_s + 10
+
+
 def test_cluster_directory_holds_the_launcher_and_kuberay_files():
     assert {p.name for p in LAUNCHER_FILES} == {"gcp-tpu-v4.yaml", "gcp-tpu-v5e.yaml", "gcp-gpu.yaml"}
     assert {p.name for p in KUBERAY_FILES} == {"shared.yaml", "raycluster.yaml", "rayjob.yaml"}
@@ -505,7 +517,11 @@ def test_unreachable_job_server_is_reported_with_its_address():
 
 def test_runtime_env_extras_add_env_vars_and_excludes_to_the_defaults():
     env = jobs.build_runtime_env(REPO, {"env_vars": {"ALBERT_X": "1"}, "excludes": ["big/"]})
-    assert env["env_vars"] == {"ALBERT_X": "1"}
+    assert env["env_vars"] == {"ALBERT_X": "1", "RAY_JOB_STOP_WAIT_TIME_S": str(jobs.STOP_WAIT_S)}
+    # `albert jobs stop` leaves a pretraining job its train.stop_grace_s (25 s) before SIGKILL, not Ray's 3 s
+    assert jobs.STOP_WAIT_S > 25
+    own = jobs.build_runtime_env(REPO, {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "90"}})
+    assert own["env_vars"] == {"RAY_JOB_STOP_WAIT_TIME_S": "90"}
     assert env["excludes"] == [*jobs.EXCLUDES, "big/"]
     assert env["working_dir"] == str(REPO)
 
@@ -577,3 +593,95 @@ heldout_batches = 2
     assert any(line["kind"] == "eval" and "mlm_acc" in line for line in lines)
     assert cli(["jobs", "status", job_id, "--address", cluster.address, "--token-file", str(cluster.token_file)]) == 0
     assert "SUCCEEDED" in capsys.readouterr().out
+
+
+def tiny_job_recipe(tmp_path: Path, name: str, total_steps: int, checkpoint_every: int) -> Path:
+    """A tiny pretraining recipe on fresh shards with held-out documents, for a job on the loopback cluster."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
+    from tests.test_train import MODEL, write_shards
+
+    shards = write_shards(tmp_path / "shards", (24,))
+    heldout = shards / HELDOUT_FILE
+    heldout.parent.mkdir(parents=True)
+    docs = [
+        {"doc_id": i, "sentences": [[7, 8, 9], [10, 11]], "word_starts": [[True] * 3, [True] * 2]} for i in range(8)
+    ]
+    pq.write_table(pa.Table.from_pylist(docs, schema=HELDOUT_SCHEMA), heldout)
+    model = ", ".join(f"{k} = {v}" for k, v in MODEL.items())
+    recipe = tmp_path / f"{name}.toml"
+    recipe.write_text(
+        f"""
+[run]
+name = "{name}"
+output_dir = "{tmp_path / "runs"}"
+[model]
+preset = "albert-tiny"
+overrides = {{ vocab_size = 0, {model} }}
+[data]
+shards = "{shards}"
+max_seq_length = 32
+[optim]
+lr = 0.01
+warmup_steps = 1
+total_steps = {total_steps}
+[train]
+global_batch_size = 8
+micro_batch_size = 8
+num_workers = 1
+log_every = 1
+checkpoint_every = {checkpoint_every}
+[eval]
+every_steps = 0
+batch_size = 4
+heldout_batches = 2
+cpus = 0
+"""
+    )
+    return recipe
+
+
+def train_lines(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [json.loads(line) for line in lines[:-1] if '"kind": "train"' in line]  # the last may be half written
+
+
+@pytest.mark.skipif(
+    os.environ.get("ALBERT_CLUSTER_SOAK") != "1",
+    reason="two pretraining jobs on the loopback cluster (about 2 minutes): ALBERT_CLUSTER_SOAK=1 runs it",
+)
+@pytest.mark.slow
+def test_albert_jobs_stop_checkpoints_the_pretraining_job_at_its_next_step_and_the_resubmitted_job_redoes_none(
+    cluster, tmp_path
+):
+    recipe = tiny_job_recipe(tmp_path, "stopped-job", total_steps=5000, checkpoint_every=1000)
+    run_dir, trace = tmp_path / "runs" / "stopped-job", tmp_path / "trace"
+    env = {"env_vars": {"ALBERT_TRACE_EXAMPLES": str(trace)}}
+    args = ["--config", str(recipe), "--no-progress"]
+    job_id = jobs.submit("pretrain", args, working_dir=REPO, runtime_env=env, **cluster.conn())
+    deadline = time.monotonic() + 300
+    while max((line["step"] for line in train_lines(run_dir)), default=0) < 10:
+        assert time.monotonic() < deadline, jobs.job_logs(job_id, **cluster.conn())[-3000:]
+        time.sleep(0.3)
+    stopping = time.monotonic()
+    assert jobs.stop_job(job_id, wait=True, timeout_s=120, **cluster.conn()) == "STOPPED"
+    took = time.monotonic() - stopping
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (stopped,) = [line for line in lines if line.get("event") == "stopped"]
+    assert stopped["signal"] == "SIGTERM" and stopped["checkpoint_step"] == stopped["step"] >= 10
+    assert (run_dir / "checkpoints" / f"step_{stopped['step']:08d}").is_dir()
+    assert f"stopped at step {stopped['step']}" in jobs.job_logs(job_id, **cluster.conn())
+
+    again = ["--config", str(recipe), "--no-progress", "--set", f"optim.total_steps={stopped['step'] + 2}"]
+    jobs.submit("pretrain", again, working_dir=REPO, runtime_env=env, wait=True, timeout_s=300, **cluster.conn())
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if line.get("event") == "resumed"] == [stopped["step"]]
+    traced = [
+        (r["rank"], r["step"]) for p in trace.glob("rank*.jsonl") for r in map(json.loads, p.read_text().splitlines())
+    ]
+    redone = len(traced) - len(set(traced))
+    print(f"\njobs stop at step {stopped['step']}: STOPPED after {took:.1f} s, steps redone by the resume {redone}")
+    assert redone == 0

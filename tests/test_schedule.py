@@ -326,3 +326,49 @@ def test_submit_eval_passes_the_runs_relative_heldout_set_made_absolute(tmp_path
     RunLedger(tmp_path / "r", "r", config.to_dict())
     args, _ = prepare_job_args("eval", ["schedule", str(tmp_path / "r"), "--every", "4"], tmp_path)
     assert args[-1] == f"--heldout={tmp_path / 'shards' / 'heldout' / 'documents.parquet'}"
+
+
+# --- a schedule holds checkpoints on a lease ------------------------------------------------------------------------
+
+
+def test_a_schedule_whose_scheduler_is_gone_past_its_lease_releases_its_checkpoints_and_reports_them_when_back(
+    tmp_path,
+):
+    """eval.schedule_lease_s = 60, keep_last 1, a schedule of every 100 steps. While its scheduler renews its lease
+    the schedule holds its unevaluated checkpoints; once the lease is 2 minutes old retention deletes them again (one
+    schedule_lease_expired event); the scheduler that comes back resumes at the oldest checkpoint left and names the
+    steps it missed."""
+    write_heldout(tmp_path / "shards")
+    config = config_of_total(tmp_path, 5000)
+    config["eval"]["schedule_lease_s"] = 60.0
+    run_dir, root = tmp_path / "r", tmp_path / "r" / "checkpoints"
+    ledger = RunLedger(run_dir, "r", config, evaluates=False)
+    ledger.checkpoint_saved(100, checkpoint_of_step(root, 100))
+    attached(run_dir, "every-100", 100).observe()  # the scheduler runs: its heartbeat renews the lease
+    schedules.touch_heartbeat(run_dir, "every-100")
+    ledger.checkpoint_saved(200, checkpoint_of_step(root, 200))
+    assert [c.step for c in ledger.state.checkpoints] == [100, 200]  # held, though keep_last is 1
+
+    # The scheduler stops (its cluster went); two minutes pass.
+    stale = time.time() - 120
+    os.utime(run_dir / "schedules" / f"every-100{schedules.HEARTBEAT_SUFFIX}", (stale, stale))
+    schedules.update(run_dir, "every-100", lambda s: setattr(s, "created", stale))
+    ledger.checkpoint_saved(300, checkpoint_of_step(root, 300))
+    ledger.checkpoint_saved(400, checkpoint_of_step(root, 400))
+    assert [c.step for c in ledger.state.checkpoints] == [400]
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000400"]
+    (expired,) = [r for r in run_log.read_metrics(run_dir) if r.get("event") == "schedule_lease_expired"]
+    assert expired["schedule"] == "every-100" and expired["released"] == [100, 200, 300]
+    assert expired["idle_s"] >= 120 and expired["lease_s"] == 60.0
+
+    back = Scheduler(run_dir, "every-100")  # `albert eval schedule` again
+    back.reconcile()
+    schedules.touch_heartbeat(run_dir, "every-100")
+    state, due = back.observe()
+    back.report_missed(state)
+    assert due == 400 and not state.lease_lapsed
+    (resumed,) = [r for r in run_log.read_metrics(run_dir) if r.get("event") == "schedule_resumed"]
+    assert resumed["missed"] == [100, 200, 300] and resumed["resumes_at"] == 400
+    assert sorted(state.missing) == [100, 200, 300]
+    ledger.checkpoint_saved(500, checkpoint_of_step(root, 500))
+    assert [c.step for c in ledger.state.checkpoints] == [400, 500]  # held again under the renewed lease

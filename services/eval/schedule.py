@@ -126,6 +126,7 @@ class Scheduler:
         self.evaluator = None
         self.deaths: dict[int, int] = {}
         self._seen: tuple[dict[int, str], dict[int, str], bool] | None = None
+        self._back_after_lapse: set[int] | None = None  # its lease had lapsed: the steps missing before this start
 
     def run(self, stop: threading.Event, *, once: bool = False) -> ScheduleState:
         """The loop; `once`: evaluate what is due now and return. Raises ScheduleBusy when another process runs it."""
@@ -142,6 +143,8 @@ class Scheduler:
         while not stop.is_set() and state.active():
             schedules.touch_heartbeat(self.run_dir, self.name)
             state, due = self.observe()
+            if self._back_after_lapse is not None:
+                self.report_missed(state)
             if due is not None:
                 self.evaluate(due, stop)
             elif once:
@@ -155,6 +158,9 @@ class Scheduler:
         results = [r for r in run_log.read_metrics(self.run_dir) if r.get("kind") == RESULT_KIND]
 
         def start(state: ScheduleState) -> None:
+            if state.lease_lapsed:  # its checkpoints were not held meanwhile: report_missed says what went
+                self._back_after_lapse = set(state.missing)
+                state.lease_lapsed = False
             state.starts += 1
             state.complete = False  # found again below, once nothing is pending (the run may have trained on)
             taken = state.reconcile(results)
@@ -162,6 +168,19 @@ class Scheduler:
                 log.info("schedule %s: steps %s were in the metrics log already", self.name, taken)
 
         return schedules.update(self.run_dir, self.name, start)
+
+    def report_missed(self, state: ScheduleState) -> None:
+        """Back after its lease lapsed: a schedule_resumed event naming the steps retention deleted meanwhile
+        (now missing) and the oldest checkpoint still present, where it resumes."""
+        missed = sorted(set(state.missing) - (self._back_after_lapse or set()))
+        self._back_after_lapse = None
+        resumes_at = state.pending[0] if state.pending else None
+        step = max([*missed, *state.pending, *state.done], default=0)
+        record = {"step": step, "time": time.time(), "kind": "event", "event": "schedule_resumed",
+                  "schedule": self.name, "missed": missed, "resumes_at": resumes_at}  # fmt: skip
+        run_log.append(self.run_dir, record)
+        log.warning("schedule %s: back after its lease lapsed; missed steps %s, resumes at %s", self.name, missed,
+                    resumes_at)  # fmt: skip
 
     def observe(self) -> tuple[ScheduleState, int | None]:
         """Record what the run has now (pending, missing, complete); returns the state and the oldest due step."""

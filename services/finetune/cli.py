@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.finetune.run import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
-from services.terminal import EXIT_INTERRUPTED, UsageError, printable
+from services.terminal import EXIT_INTERRUPTED, UsageError, interrupted_status, printable, raise_on_sigterm
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -157,6 +157,7 @@ def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], outpu
         import ray
 
         ray.init(address=args.address)
+        raise_on_sigterm()  # ray.init put Ray's handler in its place
     return run_downstream(
         task,
         args.checkpoint,
@@ -173,7 +174,7 @@ def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], outpu
 
 def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequence[int], output: Path) -> int:
     """After Ctrl-C: summarize the runs that finished, a line per run that did not (its best dev evaluation so
-    far), summary.json marked interrupted; returns INTERRUPTED_EXIT."""
+    far), summary.json marked interrupted; returns INTERRUPTED_EXIT (EXIT_TERMINATED after a SIGTERM)."""
     from albert_core.finetuning import json_safe
     from services.finetune.console import print_interrupted, run_log, unfinished_line
 
@@ -197,8 +198,10 @@ def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequenc
         (output / "summary.json").write_text(json.dumps(json_safe(record), indent=2) + "\n")
         if summary is None:
             (output / "summary.md").write_text(f"# {task}: interrupted before any run finished\n")
-    print_interrupted(summary, unfinished, len(seeds), output, wrote)
-    return INTERRUPTED_EXIT
+    status = interrupted_status(interrupted)
+    how = "interrupted (Ctrl-C)" if status == EXIT_INTERRUPTED else "terminated (SIGTERM)"
+    print_interrupted(summary, unfinished, len(seeds), output, wrote, how)
+    return status
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -100,11 +100,17 @@ def _finite(value: Any) -> float:
 
 
 def print_interrupted(
-    summary: dict[str, Any] | None, unfinished: Sequence[str], planned: int, output: Path, wrote: bool
+    summary: dict[str, Any] | None,
+    unfinished: Sequence[str],
+    planned: int,
+    output: Path,
+    wrote: bool,
+    how: str = "interrupted (Ctrl-C)",
 ) -> None:
-    """The partial summary after Ctrl-C: the finished runs' table (if any), then a line per unfinished run."""
+    """The partial summary after Ctrl-C (or SIGTERM: `how`): the finished runs' table (if any), then a line per
+    unfinished run."""
     finished = 0 if summary is None else summary["runs"]
-    print(f"\ninterrupted (Ctrl-C): {finished} of {planned} run{'s' if planned != 1 else ''} finished")
+    print(f"\n{how}: {finished} of {planned} run{'s' if planned != 1 else ''} finished")
     if summary is not None:
         print(console_table(summary))
     for line in unfinished:

@@ -145,6 +145,16 @@ class TrainSection:
     # How long the driver waits for Ray to place all num_workers workers (each start and restart) before it fails
     # with a message naming the resources missing. Raise it on clusters that autoscale new nodes.
     startup_timeout_s: float = 180.0
+    # A SIGTERM (to the driver: `albert jobs stop`, Kubernetes deleting the pod; or to a worker process) asks every
+    # worker to save a checkpoint at its next step and stop. The driver waits this long for it, then stops without
+    # one (SIGKILL follows SIGTERM: Kubernetes' terminationGracePeriodSeconds, 30 s by default; keep this below it).
+    stop_grace_s: float = 25.0
+    # Every this many steps all workers ask Ray Train whether a node of theirs is being drained or preempted
+    # (ray.train.get_preemption_info, a barrier across workers); on a notice each saves a checkpoint at that step and
+    # trains on. 0: never ask (a preempted node then loses the steps since the last checkpoint).
+    preemption_check_every: int = 10
+    # Restarts after a preempted node that Ray Train makes on top of max_failures (-1: no limit).
+    max_preemption_failures: int = -1
 
     @property
     def accumulation(self) -> int:
@@ -174,6 +184,10 @@ class EvalSection:
     # the workers hold, they wait for the end of training. 0 runs them beside training (sharing its cores, one
     # thread each), so held-out numbers and plateau events arrive while the run trains.
     cpus: float = 1.0
+    # An evaluation schedule (`albert eval schedule`) keeps the checkpoints it has still to evaluate from retention
+    # only while its scheduler renews its lease (every few seconds while it runs); one not renewed for this long
+    # (the scheduler was stopped, its cluster went) releases them, with a schedule_lease_expired event.
+    schedule_lease_s: float = 600.0
 
 
 @dataclass
@@ -353,6 +367,16 @@ def _check_train(t: TrainSection) -> None:
         raise ConfigError(f"train.dropout_removal_step: expected >= 0, got {t.dropout_removal_step}")
     if not 0 < t.startup_timeout_s < math.inf:
         raise ConfigError(f"train.startup_timeout_s: expected seconds > 0, got {t.startup_timeout_s}")
+    if not 0 < t.stop_grace_s < math.inf:
+        raise ConfigError(f"train.stop_grace_s: expected seconds > 0, got {t.stop_grace_s}")
+    if t.preemption_check_every < 0:
+        raise ConfigError(
+            f"train.preemption_check_every: expected steps >= 0 (0: never), got {t.preemption_check_every}"
+        )
+    if t.max_preemption_failures < -1:
+        raise ConfigError(
+            f"train.max_preemption_failures: expected -1 (no limit) or >= 0, got {t.max_preemption_failures}"
+        )
 
 
 def _check_optim(o: OptimSection) -> None:
@@ -391,6 +415,8 @@ def _check_optim(o: OptimSection) -> None:
 def _check_eval(e: EvalSection) -> None:
     if not e.cpus >= 0:  # NaN too
         raise ConfigError(f"eval.cpus: expected >= 0 CPUs per evaluator, got {e.cpus}")
+    if not 0 < e.schedule_lease_s < math.inf:
+        raise ConfigError(f"eval.schedule_lease_s: expected seconds > 0, got {e.schedule_lease_s}")
     if not 0 <= e.plateau_margin < 1:
         raise ConfigError(f"eval.plateau_margin: expected an accuracy margin in [0, 1), got {e.plateau_margin}")
     for name in ("every_steps", "task_seeds", "task_max_steps", "plateau_evals"):

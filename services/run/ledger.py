@@ -94,12 +94,14 @@ class TrainLine:
 
 @dataclass
 class StopRequest:
-    """The driver's first Ctrl-C: training checkpoints at its next step and ends. `session`: the coordinator that took
-    it; one restarted by Ray is the same session and honours it, the next run's coordinator is another and does not."""
+    """A graceful stop (the driver's first Ctrl-C, a SIGTERM to the driver or a worker): training checkpoints at its
+    next step and ends. `session`: the coordinator that took it; one restarted by Ray is the same session and honours
+    it, the next run's coordinator is another and does not. `signal`: the signal that asked (SIGINT, SIGTERM)."""
 
     step: int
     time: float
     session: str
+    signal: str = "SIGINT"
 
 
 @dataclass
@@ -275,18 +277,18 @@ class RunLedger:
                 self.save()
         return None
 
-    def request_stop(self, session: str, reason: str) -> None:
-        """Record the driver's stop request (a `stop_requested` event), so that a restarted coordinator of the same
-        session still hands it to training."""
+    def request_stop(self, session: str, reason: str, signal: str = "SIGINT") -> None:
+        """Record a stop request (a `stop_requested` event naming the signal), so that a restarted coordinator of the
+        same session still hands it to training."""
         if not self.stop_requested(session):
-            self.state.stop_request = StopRequest(self.state.step, time.time(), session)
-            self.event(self.state.step, "stop_requested", reason=reason)
+            self.state.stop_request = StopRequest(self.state.step, time.time(), session, signal)
+            self.event(self.state.step, "stop_requested", reason=reason, signal=signal)
             self.save()
 
-    def stop_requested(self, session: str) -> bool:
-        """Whether this session's driver asked training to stop (an earlier session's request ended its own run)."""
+    def stop_requested(self, session: str) -> str | None:
+        """The signal of this session's stop request (an earlier session's request ended its own run), or None."""
         request = self.state.stop_request
-        return request is not None and request.session == session
+        return request.signal if request is not None and request.session == session else None
 
     # --- evaluations ---
 
@@ -373,7 +375,16 @@ class RunLedger:
         if best is not None:
             keep.add(best.step)
         keep |= {e.step for e in self.pending_evals()}
-        keep |= schedules.held_steps(self.run_dir, [c.step for c in checkpoints])
+        lease_s = self.config.eval.schedule_lease_s
+        held, lapsed = schedules.held_and_lapsed(self.run_dir, [c.step for c in checkpoints], lease_s)
+        keep |= held
+        for lease in lapsed:  # its scheduler is gone: retention deletes old checkpoints again
+            self.event(
+                self.state.step, "schedule_lease_expired", **lease, lease_s=lease_s,
+                message=f"schedule {lease['schedule']}: no scheduler for {lease['idle_s']:g} s (eval.schedule_lease_s "
+                f"{lease_s:g}); it no longer holds checkpoints from retention. Run `albert eval schedule` again to "
+                "resume it from the oldest checkpoint left",
+            )  # fmt: skip
         deleted = []
         own = (self.run_dir / CHECKPOINTS_DIR).resolve()
         for entry in [c for c in checkpoints if c.step not in keep]:

@@ -34,7 +34,8 @@ SAFE_TO_CHANGE = (
     *("optim.total_steps", "optim.warmup_steps", "optim.decay_steps", "train.max_seconds"),
     "eval",  # every eval.* field
     *("train.log_every", "train.checkpoint_every", "train.keep_last", "train.stall_seconds"),
-    *("train.startup_timeout_s", "train.max_failures"),
+    *("train.startup_timeout_s", "train.max_failures", "train.stop_grace_s", "train.preemption_check_every"),
+    "train.max_preemption_failures",
     *("train.on_divergence", "train.divergence_factor", "train.rollback_lr_scale", "train.max_rollbacks"),
     *("train.num_workers", "train.min_workers", "train.micro_batch_size", "train.cpus_per_worker"),
     *("train.resources_per_worker", "train.compile"),

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -79,6 +80,9 @@ class ScheduleState:
     cancelled: bool = False
     complete: bool = False
     starts: int = 0  # scheduler (re)starts
+    # Its scheduler did not renew its lease (the heartbeat) for eval.schedule_lease_s: it holds no checkpoint from
+    # retention until a scheduler runs it again (which reports the steps it missed meanwhile).
+    lease_lapsed: bool = False
     version: int = VERSION
 
     # --- decisions (pure) ---
@@ -294,11 +298,35 @@ def reopen_complete(run_dir: str | Path) -> list[str]:
     return reopened
 
 
-def held_steps(run_dir: str | Path, steps: Iterable[int]) -> set[int]:
-    """The checkpoint steps retention must keep: those an active schedule of the run still has to evaluate."""
+def lease_age(run_dir: str | Path, state: ScheduleState, now: float | None = None) -> float:
+    """Seconds since the schedule's scheduler last renewed its lease (touched its heartbeat), or since the schedule
+    was created when no scheduler has run it yet."""
+    try:
+        renewed = max((schedules_dir(run_dir) / f"{state.spec.name}{HEARTBEAT_SUFFIX}").stat().st_mtime, state.created)
+    except FileNotFoundError:
+        renewed = state.created
+    return (time.time() if now is None else now) - renewed
+
+
+def held_steps(run_dir: str | Path, steps: Iterable[int], lease_s: float = math.inf) -> set[int]:
+    """The checkpoint steps retention must keep: those an active schedule of the run still has to evaluate, while
+    its scheduler holds its lease (renewed within `lease_s` seconds)."""
+    return held_and_lapsed(run_dir, steps, lease_s)[0]
+
+
+def held_and_lapsed(run_dir: str | Path, steps: Iterable[int], lease_s: float) -> tuple[set[int], list[dict]]:
+    """held_steps, and the active schedules whose lease lapsed since they last held (each marked `lease_lapsed`
+    once, returned as {"schedule", "idle_s", "released": the steps it no longer holds})."""
     steps = list(steps)
     held: set[int] = set()
+    lapsed: list[dict] = []
     for state in readable(run_dir):
-        if state.active():
+        if not state.active():
+            continue
+        idle = lease_age(run_dir, state)
+        if idle < lease_s:
             held |= set(state.unsettled(steps))
-    return held
+        elif not state.lease_lapsed:
+            update(run_dir, state.spec.name, lambda s: setattr(s, "lease_lapsed", True))
+            lapsed.append({"schedule": state.spec.name, "idle_s": round(idle, 1), "released": state.unsettled(steps)})
+    return held, lapsed

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from services.terminal import EXIT_INTERRUPTED, EXIT_STOPPED
+from services.terminal import EXIT_INTERRUPTED, EXIT_STOPPED, EXIT_TERMINATED
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -34,15 +34,18 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             allow_config_change=args.allow_config_change,
         )
-    except StoppedAtOnce:
+    except StoppedAtOnce as stop:
         from services.run.checkpoints import CHECKPOINTS_DIR, latest_good
 
         newest = latest_good(config.run_dir / CHECKPOINTS_DIR)
-        print(f"albert: stopped at once (second Ctrl-C); newest checkpoint: {newest}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        resumes = f"a resume starts from {newest}" if newest else "no checkpoint yet: a resume starts from step 0"
+        print(f"albert: {stop}; {resumes}", file=sys.stderr)
+        return stop.exit_status
     if result.stopped:
         print(f"albert: stopped at step {result.step}: {result.stopped}", file=sys.stderr)
-        return EXIT_INTERRUPTED if result.interrupted else EXIT_STOPPED
+        if result.interrupted:
+            return EXIT_TERMINATED if result.signal == "SIGTERM" else EXIT_INTERRUPTED
+        return EXIT_STOPPED
     print(f"finished at step {result.step}; checkpoint {result.checkpoint}; metrics {result.metrics_file}")
     return 0
 

@@ -108,14 +108,16 @@ class Coordinator:
         """A run event (training health, a stop on request) appended to the metrics log."""
         self.ledger.event(step, event, **fields)
 
-    def request_stop(self) -> None:
-        """The driver's first Ctrl-C: training saves a checkpoint at its next step and ends there."""
-        if not self._stop_requested:
-            self._stop_requested = True
-            self.ledger.request_stop(self.session, reason="Ctrl-C (SIGINT) on the driver")
+    def request_stop(self, signal: str = "SIGINT", where: str = "the driver") -> None:
+        """A graceful stop (the driver's first Ctrl-C, a SIGTERM to the driver or to a worker process): training saves
+        a checkpoint at its next step and ends there. The first request counts; later ones change nothing."""
+        if self._stop_requested is None:
+            self._stop_requested = signal
+            name = "Ctrl-C (SIGINT)" if signal == "SIGINT" else signal
+            self.ledger.request_stop(self.session, reason=f"{name} on {where}", signal=signal)
 
-    def stop_requested(self) -> bool:
-        """Polled by rank 0 after every step."""
+    def stop_requested(self) -> str | None:
+        """Polled by rank 0 after every step: the signal that asked for a stop, or None."""
         return self._stop_requested
 
     # --- evaluations ---

@@ -38,7 +38,8 @@ class TrainResult:
     metrics_file: Path
     finished: bool = False  # the run reached optim.total_steps or spent train.max_seconds
     stopped: str | None = None  # why the run ended early (a divergence under on_divergence = "stop", a Ctrl-C)
-    interrupted: bool = False  # it ended early because the driver asked it to (the first Ctrl-C)
+    interrupted: bool = False  # it ended early because it was asked to (the first Ctrl-C, a SIGTERM)
+    signal: str | None = None  # the signal that asked it to (SIGINT, SIGTERM)
 
 
 def run_pretraining(
@@ -121,10 +122,10 @@ def make_plan(
 def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
     """One TorchTrainer over the plan's workers (restarted by Ray up to train.max_failures times).
 
-    The first Ctrl-C asks the workers, through the run's coordinator, to checkpoint at their next step and end;
-    a second one stops at once (services.train.interrupt). Workers Ray cannot place within train.startup_timeout_s
-    fail the run with a message naming the resources missing, instead of a silent retry loop.
-    """
+    The first Ctrl-C or SIGTERM asks the workers, through the run's coordinator, to checkpoint at their next step
+    and end (after a SIGTERM, within train.stop_grace_s); a second one stops at once (services.train.interrupt).
+    Workers Ray cannot place within train.startup_timeout_s fail the run with a message naming the resources missing,
+    instead of a silent retry loop. Restarts after a preempted node count against train.max_preemption_failures."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -152,7 +153,9 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
             # Ray 2.60 sizes it from a view of the nodes up to 20 s old, so its first try after a node loss can ask
             # for the lost node's workers too.
             failure_config=ray.train.FailureConfig(
-                max_failures=t.max_failures, controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if t.min_workers else 0
+                max_failures=t.max_failures,
+                max_preemption_failures=t.max_preemption_failures,  # a preempted node does not use up max_failures
+                controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if t.min_workers else 0,
             ),
             callbacks=callbacks,
         ),
@@ -160,7 +163,7 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
     os.environ[START_TIMEOUT_ENV] = str(t.startup_timeout_s)  # passed on to the trainer's controller actor
     stop = functools.partial(request_stop, plan.coordinator) if plan.coordinator else None
     try:
-        run_interruptibly(trainer.fit, graceful_stop=stop, what=f"run {plan.run.run.name}")
+        run_interruptibly(trainer.fit, graceful_stop=stop, what=f"run {plan.run.run.name}", grace_s=t.stop_grace_s)
     except ray.train.ControllerError as err:
         if "WorkerGroupStartupTimeoutError" not in type(err.controller_failure).__name__:
             raise
@@ -173,12 +176,12 @@ def worker_group_size(t) -> int | tuple[int, int]:
     return (t.min_workers, t.num_workers) if t.min_workers else t.num_workers
 
 
-def request_stop(coordinator: str) -> None:
+def request_stop(coordinator: str, signal_name: str = "SIGINT") -> None:
     import ray
 
     from services import RAY_NAMESPACE
 
-    ray.get_actor(coordinator, namespace=RAY_NAMESPACE).request_stop.remote()
+    ray.get_actor(coordinator, namespace=RAY_NAMESPACE).request_stop.remote(signal_name, "the driver")
 
 
 def workers_missing(t, resources: dict[str, float], timeout: float) -> str:
@@ -205,17 +208,19 @@ def result_of(config: RunConfig) -> TrainResult:
         step, metrics, seconds = state["step"], state["metrics"], state.get("train_seconds", 0.0)
     t = config.train
     finished = step >= config.optim.total_steps or bool(t.max_seconds and seconds >= t.max_seconds)
-    stopped, interrupted = stop_reason(run_dir, after_step=step) if not finished else (None, False)
-    return TrainResult(run_dir, step, final, metrics, run_dir / METRICS_FILE, finished, stopped, interrupted)
+    stopped, signal_name = stop_reason(run_dir, after_step=step) if not finished else (None, None)
+    return TrainResult(
+        run_dir, step, final, metrics, run_dir / METRICS_FILE, finished, stopped, signal_name is not None, signal_name
+    )
 
 
-def stop_reason(run_dir: Path, *, after_step: int) -> tuple[str | None, bool]:
-    """Why a run stopped short, and whether on request: its latest divergence event that ended training past its
-    last checkpoint, or the stop the driver asked for at that checkpoint."""
+def stop_reason(run_dir: Path, *, after_step: int) -> tuple[str | None, str | None]:
+    """Why a run stopped short, and the signal that asked it to (None when it stopped on its own): its latest
+    divergence event that ended training past its last checkpoint, or the stop asked for at that checkpoint."""
     for record in reversed(read_metrics(run_dir)):
         if record.get("event") == "stopped" and record["step"] == after_step:
-            return f"{record['reason']}; resume with the same command", True
+            return f"{record['reason']}; resume with the same command", record.get("signal", "SIGINT")
         if record.get("event") == "divergence" and str(record.get("action", "")).startswith("stopped"):
             if record["step"] > after_step:
-                return f"{record['message']}; {record['action']}. Remedy: {record['remedy']}", False
-    return None, False
+                return f"{record['message']}; {record['action']}. Remedy: {record['remedy']}", None
+    return None, None

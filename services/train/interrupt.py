@@ -1,30 +1,58 @@
-"""Ctrl-C during a long driver call: the first SIGINT asks for a graceful stop, a second one stops at once.
+"""Ctrl-C and SIGTERM during a long driver call: the first asks for a graceful stop, a second one stops at once.
 
 Ray Train's `fit()` installs its own SIGINT handler when it runs on the main thread: it aborts the run without a
 checkpoint, and a run still waiting for its workers ignores it. So the driver runs `fit()` on a helper thread and
-keeps SIGINT on the main thread, where `run_interruptibly` handles it.
+keeps SIGINT and SIGTERM on the main thread, where `run_interruptibly` handles them. SIGTERM is what `albert jobs
+stop`, Ray's job supervisor and Kubernetes send: its graceful stop is bounded (train.stop_grace_s), since SIGKILL
+follows it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 
 class StoppedAtOnce(KeyboardInterrupt):
-    """The second Ctrl-C (or the first, when the call has no graceful stop): the call was abandoned."""
+    """The call was abandoned without a graceful stop: a second signal, the first when the call has none, or a SIGTERM
+    whose graceful stop did not end within its grace period. `signal_name`: the signal that ended it."""
+
+    def __init__(self, message: str, signal_name: str = "SIGINT"):
+        super().__init__(message)
+        self.signal_name = signal_name
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + int(signal.Signals[self.signal_name])
 
 
-def run_interruptibly(call: Callable[[], T], *, graceful_stop: Callable[[], None] | None, what: str) -> T:
-    """Run `call` on a daemon thread while the main thread keeps SIGINT; returns its value or raises its error.
+def describe(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
-    The first Ctrl-C calls `graceful_stop` (for training: checkpoint at the next step and end there) and waits on;
-    a second one raises StoppedAtOnce. Off the main thread (a test's, a Ray job's helper) `call` runs directly.
+
+def run_interruptibly(
+    call: Callable[[], T],
+    *,
+    graceful_stop: Callable[[str], None] | None,
+    what: str,
+    grace_s: float | None = None,
+) -> T:
+    """Run `call` on a daemon thread while the main thread keeps SIGINT and SIGTERM; returns its value or raises its
+    error.
+
+    The first signal calls `graceful_stop` with its name (for training: checkpoint at the next step and end there)
+    and waits on; a second one raises StoppedAtOnce. After a SIGTERM the wait lasts at most `grace_s` seconds (None:
+    as long as it takes), then StoppedAtOnce. Off the main thread (a test's helper) `call` runs directly.
     """
     if threading.current_thread() is not threading.main_thread():
         return call()
@@ -36,29 +64,71 @@ def run_interruptibly(call: Callable[[], T], *, graceful_stop: Callable[[], None
         except BaseException as err:  # handed to the main thread as it is
             outcome["error"] = err
 
-    presses = 0
+    signals: list[int] = []
+    deadline: list[float] = []
 
-    def on_sigint(signum, frame) -> None:
-        nonlocal presses
-        presses += 1
-        if presses == 1 and graceful_stop is not None:
+    def on_signal(signum, frame) -> None:
+        signals.append(signum)
+        name = signal.Signals(signum).name
+        if len(signals) == 1 and graceful_stop is not None:
+            bound = f" (at most {grace_s:g} s)" if signum == signal.SIGTERM and grace_s is not None else ""
             print(
-                f"albert: Ctrl-C: {what} stops after saving a checkpoint at its next step (Ctrl-C again: stop at once)",
+                f"albert: {describe(signum)}: {what} stops after saving a checkpoint at its next step{bound} "
+                f"({describe(signum)} again: stop at once)",
                 file=sys.stderr,
                 flush=True,
             )
-            graceful_stop()
+            if signum == signal.SIGTERM and grace_s is not None:
+                deadline.append(time.monotonic() + grace_s)
+            graceful_stop(name)
             return
-        raise StoppedAtOnce(f"{what}: stopped at once on Ctrl-C")
+        raise StoppedAtOnce(f"{what}: stopped at once on {describe(signum)}", name)
 
     thread = threading.Thread(target=target, name=what, daemon=True)
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {signum: signal.signal(signum, on_signal) for signum in HANDLED}
     try:
         thread.start()
         while thread.is_alive():
             thread.join(0.2)
+            if deadline and time.monotonic() > deadline[0] and thread.is_alive():
+                raise StoppedAtOnce(
+                    f"{what}: its next step did not end within {grace_s:g} s of SIGTERM; stopped without a checkpoint",
+                    "SIGTERM",
+                )
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["value"]  # type: ignore[return-value]
+
+
+def ask_to_stop_on_sigterm(coordinator: str, rank: int) -> None:
+    """In a Ray Train worker process: a SIGTERM (a node shutting down, Kubernetes deleting the pod, `kill PID`) asks
+    the run, through its coordinator, for the same graceful stop as the driver's: every worker saves a checkpoint
+    at its next step and stops. Must run on the process's main thread (Ray's own handler there would exit it)."""
+    import ray
+
+    from services import RAY_NAMESPACE
+
+    where = f"worker rank {rank} (pid {os.getpid()}, node {ray.get_runtime_context().get_node_id()[:12]})"
+
+    def on_sigterm(signum, frame) -> None:
+        ray.get_actor(coordinator, namespace=RAY_NAMESPACE).request_stop.remote("SIGTERM", where)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def stop_gracefully_on_sigterm(coordinator: str, rank: int) -> bool:
+    """From the training thread of a Ray Train worker: install `ask_to_stop_on_sigterm` on the worker actor's main
+    thread (the actor runs its calls there); False, and the worker keeps Ray's handler, where that fails."""
+    import ray
+    from ray.exceptions import RayError
+
+    try:
+        actor = ray.get_runtime_context().current_actor
+        ray.get(actor.execute.remote(ask_to_stop_on_sigterm, coordinator, rank), timeout=30)
+    except (RayError, AttributeError, ValueError) as err:
+        log.warning("rank %d: SIGTERM to this worker will not checkpoint first: %s", rank, err)
+        return False
+    return True

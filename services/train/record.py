@@ -22,8 +22,9 @@ class RunRecord(Protocol):
         """Append a run event; it is in the metrics log when this returns."""
         ...
 
-    def stop_requested(self) -> bool:
-        """Whether the driver asked training to stop (its first Ctrl-C); called after every step, never blocks."""
+    def stop_requested(self) -> str | None:
+        """The signal that asked training to stop (the driver's first Ctrl-C, a SIGTERM), or None; called after every
+        step, never blocks."""
         ...
 
 
@@ -45,8 +46,8 @@ class LedgerRecord:
     def event(self, step: int, event: str, **fields: Any) -> None:
         self.ledger.event(step, event, **fields)
 
-    def stop_requested(self) -> bool:
-        return False  # no driver-side coordinator to ask
+    def stop_requested(self) -> str | None:
+        return None  # no driver-side coordinator to ask
 
 
 class CoordinatorRecord:
@@ -59,7 +60,7 @@ class CoordinatorRecord:
 
         self.actor = ray.get_actor(name, namespace=RAY_NAMESPACE)
         self._stop_poll = None  # the answer of the last stop_requested call, while it is on its way
-        self._stopped = False
+        self._stopped: str | None = None
 
     def latest_good_checkpoint(self) -> str | None:
         import ray
@@ -77,17 +78,17 @@ class CoordinatorRecord:
 
         ray.get(self.actor.event.remote(step, event, fields))
 
-    def stop_requested(self) -> bool:
+    def stop_requested(self) -> str | None:
         """One call in flight at a time; a step reads its answer only when it has arrived."""
         import ray
 
         if self._stopped:
-            return True
+            return self._stopped
         if self._stop_poll is not None:
             ready, _ = ray.wait([self._stop_poll], timeout=0)
             if not ready:
-                return False
-            self._stopped = bool(ray.get(self._stop_poll))
+                return None
+            self._stopped = ray.get(self._stop_poll) or None
         self._stop_poll = None if self._stopped else self.actor.stop_requested.remote()
         return self._stopped
 

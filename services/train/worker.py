@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from services.train.follow import (
     recorded_epochs,
 )
 from services.train.input import InputPlan, open_input
+from services.train.interrupt import stop_gracefully_on_sigterm
 from services.train.plan import ShardSet, WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
 from services.train.state import TrainerState
@@ -80,6 +82,7 @@ class Worker:
     recent_losses: list[float] = field(default_factory=list)  # the last logged losses (divergence check)
     window: list[Any] = field(default_factory=list)  # tokens of the steps since the last log line
     window_start: float = field(default_factory=time.perf_counter)
+    noticed: set[str] = field(default_factory=set)  # nodes whose preemption notice this worker group has saved for
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
@@ -135,6 +138,8 @@ def start_worker(plan: WorkerPlan) -> Worker:
     distributed = dist.is_available() and dist.is_initialized() and world > 1
     backend = backend_for(plan, world=world, reduce_sum=all_reduce_sum if distributed else None)
     record = open_record(plan) if rank == 0 else None
+    if plan.coordinator:  # a SIGTERM to this process asks the run for a graceful stop, as one to the driver does
+        stop_gracefully_on_sigterm(plan.coordinator, rank)
     return Worker(plan, rank, world, distributed, backend, record, shards=plan.shards)
 
 
@@ -321,19 +326,21 @@ class Clock:
         return bool(train.max_seconds) and state.train_seconds >= train.max_seconds
 
     def tick(self, state: TrainerState) -> str | None:
-        """Update state.train_seconds (rank 0's, on every worker); "budget" or "requested" on every worker when the
-        run ends at this step."""
+        """Update state.train_seconds (rank 0's, on every worker); on every worker, when the run ends at this step,
+        "budget" or the name of the signal that asked for the stop ("SIGINT", "SIGTERM")."""
         state.train_seconds = self.before + time.perf_counter() - self.started
         if not self.decides:
             return None
-        reason = 0
+        reason = 0  # 1: the budget is spent; else the number of the signal that asked for a stop
         if self.worker.record is not None:  # rank 0
             if self.spent(self.worker.plan.run.train, state):
                 reason = 1
-            elif self.worker.record.stop_requested():
-                reason = 2
+            elif asked := self.worker.record.stop_requested():
+                reason = int(getattr(signal.Signals, asked, signal.SIGINT))
         reason, state.train_seconds = _from_rank0_numbers([reason, state.train_seconds], self.worker.distributed)
-        return {0: None, 1: "budget", 2: "requested"}[int(reason)]
+        if int(reason) == 0:
+            return None
+        return "budget" if int(reason) == 1 else signal.Signals(int(reason)).name
 
 
 def follow_clock(worker: Worker, scheduler, state: TrainerState) -> None:
@@ -353,8 +360,9 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
     t, step = worker.plan.run.train, state.step
     ends = clock.tick(state)
     follow_clock(worker, scheduler, state)
+    notice = preemption_notice(worker, step)
     is_last = step == worker.plan.run.optim.total_steps or ends == "budget"
-    save = step % t.checkpoint_every == 0 or is_last or ends is not None
+    save = step % t.checkpoint_every == 0 or is_last or ends is not None or notice is not None
     if step % t.log_every == 0 or save:
         metrics = _metrics(worker, stats, state)
         diverged = divergence(step, metrics["loss"], metrics["grad_norm"], worker.recent_losses, t.divergence_factor)
@@ -371,13 +379,38 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
         # Metrics only: resume reads run_dir/checkpoints through the run's record, so a copy in Ray's storage
         # would only double the disk a run takes.
         ray.train.report(metrics)
+    if notice is not None and notice["new"] and worker.record is not None:
+        fields = {k: v for k, v in notice.items() if k != "new"}
+        worker.record.event(step, "preemption_notice", **fields, checkpoint_step=step)
+        log.warning("nodes %s are being preempted; saved a checkpoint at step %d", notice["nodes"], step)
     if worker.plan.stop_after_step == step and step > worker.started_at:
         raise SimulatedCrash(f"{STOP_ENV}={step}: stopping after step {step} to simulate a crash")
     if ends == "budget":
         log.info("train.max_seconds=%s spent at step %d: the run ends here", t.max_seconds, step)
-    elif ends == "requested" and worker.record is not None:
-        worker.record.event(step, "stopped", reason="stop requested on the driver (Ctrl-C)", checkpoint_step=step)
+    elif ends is not None and worker.record is not None:
+        asked = "Ctrl-C (SIGINT)" if ends == "SIGINT" else ends
+        worker.record.event(step, "stopped", reason=f"stop requested ({asked})", signal=ends, checkpoint_step=step)
     return True if ends is not None else None
+
+
+def preemption_notice(worker: Worker, step: int) -> dict[str, Any] | None:
+    """Every train.preemption_check_every steps: whether Ray Train knows of a node of this worker group being drained
+    or preempted (ray.train.get_preemption_info: a barrier, called by every worker at the same steps, answered with
+    rank 0's view). While a notice stands: {"nodes", "ranks", "deadline" (UNIX seconds or None), "new" (names a
+    node not noticed before)}, the same on every worker, and the step is saved, so that the restart after the node
+    goes redoes at most preemption_check_every steps; else None."""
+    every = worker.plan.run.train.preemption_check_every
+    if not every or step % every:
+        return None
+    import ray.train
+
+    info = ray.train.get_preemption_info()
+    if info is None:
+        return None
+    new = not set(info.preempted_node_ids) <= worker.noticed
+    worker.noticed |= set(info.preempted_node_ids)
+    deadline = info.deadline_ms / 1000 if info.deadline_ms else None
+    return {"nodes": info.preempted_node_ids, "ranks": info.preempted_ranks, "deadline": deadline, "new": new}
 
 
 def roll_back(worker: Worker, model, optimizer, scheduler, state: TrainerState, diverged: Finding):
