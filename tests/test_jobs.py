@@ -533,48 +533,9 @@ def test_runtime_env_refuses_the_token_variable():
 
 def test_a_submitted_tiny_pretraining_runs_to_completion_and_is_visible_through_albert_jobs(cluster, tmp_path, capsys):
     """`albert submit pretrain` on the loopback cluster: real shards, Ray Train, the coordinator, a final eval."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
     from services.run.ledger import STATE_FILE, read_status
-    from tests.test_train import MODEL, write_shards
 
-    shards = write_shards(tmp_path / "shards", (24,))
-    heldout = shards / HELDOUT_FILE
-    heldout.parent.mkdir(parents=True)
-    docs = [
-        {"doc_id": i, "sentences": [[7, 8, 9], [10, 11]], "word_starts": [[True] * 3, [True] * 2]} for i in range(8)
-    ]
-    pq.write_table(pa.Table.from_pylist(docs, schema=HELDOUT_SCHEMA), heldout)
-    model = ", ".join(f"{k} = {v}" for k, v in MODEL.items())
-    config = tmp_path / "tiny-job.toml"
-    config.write_text(
-        f"""
-[run]
-name = "job-run"
-output_dir = "{tmp_path / "runs"}"
-[model]
-preset = "albert-tiny"
-overrides = {{ vocab_size = 0, {model} }}
-[data]
-shards = "{shards}"
-max_seq_length = 32
-[optim]
-lr = 0.01
-warmup_steps = 1
-total_steps = 3
-[train]
-global_batch_size = 8
-micro_batch_size = 8
-num_workers = 1
-log_every = 1
-checkpoint_every = 3
-[eval]
-batch_size = 4
-heldout_batches = 2
-"""
-    )
+    config = tiny_job_recipe(tmp_path, "job-run", total_steps=3, checkpoint_every=3, eval_options="")
     job_id = jobs.submit("pretrain", ["--config", str(config), "--no-progress"], working_dir=REPO, **cluster.conn())
     run_dir = tmp_path / "runs" / "job-run"
     seen_live = False
@@ -595,8 +556,14 @@ heldout_batches = 2
     assert "SUCCEEDED" in capsys.readouterr().out
 
 
-def tiny_job_recipe(tmp_path: Path, name: str, total_steps: int, checkpoint_every: int) -> Path:
-    """A tiny pretraining recipe on fresh shards with held-out documents, for a job on the loopback cluster."""
+NO_EVAL_BESIDE = "every_steps = 0\ncpus = 0\n"  # [eval] lines: no evaluation beside training, none holding a CPU
+
+
+def tiny_job_recipe(
+    tmp_path: Path, name: str, total_steps: int, checkpoint_every: int, eval_options: str = NO_EVAL_BESIDE
+) -> Path:
+    """A tiny pretraining recipe on fresh shards with held-out documents, for a job on the loopback cluster;
+    `eval_options`: further [eval] lines."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -634,11 +601,9 @@ num_workers = 1
 log_every = 1
 checkpoint_every = {checkpoint_every}
 [eval]
-every_steps = 0
 batch_size = 4
 heldout_batches = 2
-cpus = 0
-"""
+{eval_options}"""
     )
     return recipe
 
