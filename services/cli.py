@@ -24,10 +24,10 @@ from services.terminal import (
     EXIT_CODES,
     EXIT_DATA,
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_PIPE,
     EXIT_USAGE,
     UsageError,
+    interrupted_line,
     interrupted_status,
     printable,
     raise_on_sigterm,
@@ -140,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_DATA
     except KeyboardInterrupt as err:  # commands that handle Ctrl-C themselves say more before they get here
         status = interrupted_status(err)
-        print(f"albert: {'terminated (SIGTERM)' if status != EXIT_INTERRUPTED else 'interrupted (Ctrl-C)'}",
-              file=sys.stderr)  # fmt: skip
+        print(f"albert: {interrupted_line(status)}", file=sys.stderr)
         return status
 
 

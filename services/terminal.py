@@ -55,6 +55,19 @@ def raise_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def start_ray(**options: Any) -> None:
+    """`ray.init(**options)` for a command, then `raise_on_sigterm` again in place of the handler Ray put in."""
+    import ray
+
+    ray.init(**options)
+    raise_on_sigterm()
+
+
+def interrupted_line(status: int) -> str:
+    """How a command that ended with `status` (of `interrupted_status`) was stopped, for its last line."""
+    return "terminated (SIGTERM)" if status == EXIT_TERMINATED else "interrupted (Ctrl-C)"
+
+
 def interrupted_status(interrupt: BaseException) -> int:
     """EXIT_TERMINATED when `interrupt` is, or was raised from or while handling, a Terminated; else
     EXIT_INTERRUPTED."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.finetune.run import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
-from services.terminal import EXIT_INTERRUPTED, UsageError, interrupted_status, printable, raise_on_sigterm
+from services.terminal import EXIT_INTERRUPTED, UsageError, interrupted_line, interrupted_status, printable, start_ray
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -154,10 +154,7 @@ def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], outpu
         result = finetune(configs[0])
         return summarize([result], output) | {"results": [result]}
     if args.address:
-        import ray
-
-        ray.init(address=args.address)
-        raise_on_sigterm()  # ray.init put Ray's handler in its place
+        start_ray(address=args.address)
     return run_downstream(
         task,
         args.checkpoint,
@@ -199,8 +196,7 @@ def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequenc
         if summary is None:
             (output / "summary.md").write_text(f"# {task}: interrupted before any run finished\n")
     status = interrupted_status(interrupted)
-    how = "interrupted (Ctrl-C)" if status == EXIT_INTERRUPTED else "terminated (SIGTERM)"
-    print_interrupted(summary, unfinished, len(seeds), output, wrote, how)
+    print_interrupted(summary, unfinished, len(seeds), output, wrote, interrupted_line(status))
     return status
 
 

@@ -182,11 +182,10 @@ def run_seeds(
     import ray
 
     from services.finetune.console import seed_line
-    from services.terminal import raise_on_sigterm
+    from services.terminal import start_ray
 
     if not ray.is_initialized():
-        ray.init()
-        raise_on_sigterm()  # ray.init put Ray's handler in its place
+        start_ray()
     task = _finetune_task().options(num_cpus=num_cpus, num_gpus=num_gpus)
     pending = {task.remote(config, int(max(1, num_cpus))): i for i, config in enumerate(configs)}
     results: list[dict[str, Any] | None] = [None] * len(configs)

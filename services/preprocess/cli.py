@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from albert_core.corpus import ON_ERROR
 from services.preprocess.checks import NoExamplesError, check_arguments
 from services.preprocess.config import DEFAULTS, SHAPE_FLAGS, PreprocessConfig
-from services.terminal import UsageError, printable, raise_on_sigterm
+from services.terminal import UsageError, printable, start_ray
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -125,8 +125,7 @@ def cmd_preprocess(args: Namespace) -> int:
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=args.num_cpus, include_dashboard=False)
-        raise_on_sigterm()  # ray.init put Ray's handler in its place: a SIGTERM unwinds, its run lock released
+        start_ray(num_cpus=args.num_cpus, include_dashboard=False)  # a SIGTERM unwinds, its run lock released
     manifest_path = Path(config.output) / MANIFEST_FILE
     try:
         m = run_preprocess(config, job)

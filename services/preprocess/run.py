@@ -56,7 +56,7 @@ from services.preprocess.layout import Layout
 from services.preprocess.manifest import commit_part, manifest_head, part_entry
 from services.preprocess.plan import Plan, PreprocessJob, list_input_files, plan_preprocess, plan_units
 from services.preprocess.unit import StreamData, UnitTransform, completed_summary, write_unit
-from services.terminal import raise_on_sigterm
+from services.terminal import start_ray
 
 # ----------------------------------------------------------------------------------------------------------
 # Ray Data glue
@@ -124,8 +124,7 @@ def _workers(config: PreprocessConfig) -> int:
     if config.num_cpus is not None:
         return config.num_cpus
     if not ray.is_initialized():
-        ray.init()
-        raise_on_sigterm()  # ray.init put Ray's handler in its place
+        start_ray()
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
