@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 CHECKSUM_FILE = "MANIFEST.json"  # sha256 and size of every file of a checkpoint directory
-# A model directory (albert_core.checkpoint): its config and its weights.
+# A model directory (albert_core.model.checkpoint): its config and its weights.
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-# A run's metrics log, one JSON object per line: pretraining runs (services.run.log owns its records) and
-# fine-tuning runs (albert_core.finetuning) name it alike.
+# A run's metrics log, one JSON object per line: pretraining runs (services.rundir.log owns its records) and
+# fine-tuning runs (albert_core.finetune.finetuning) name it alike.
 METRICS_FILE = "metrics.jsonl"
 
 

@@ -13,7 +13,7 @@ rows in micro-batches of 32 (glibc set to keep freed memory, as input processes 
   (services.train.input: the example order, rows by row group, masking), in the thread (input_workers = 0) and
   in 1 and 2 input processes; rows/s after the first step (the start-up, printed apart)
 - demand: the rows/s an accelerator consumes at 50% of its dense bf16 peak, for the presets' shapes:
-      FLOPs/token = 3 x (forward)                                    (albert_core.model.estimate_flops_per_token)
+      FLOPs/token = 3 x (forward)                                    (albert_core.model.modeling.estimate_flops...)
       forward = L x [2 x (4 H^2 + 2 H F)  +  4 T H]                  (matmuls: q, k, v, out, up, down; attention
                                                                       scores and context, T = sequence length)
                 + 2 E H                                              (embedding projection E -> H)
@@ -43,7 +43,7 @@ two ways:
 
 - memory     the micro-batches read and masked before timing starts; each step only computes
 - stream     what a Ray Train worker does (services/train/input.py): the run's shuffled example order
-             (albert_core.data_order), rows read by Parquet row group (`ShardRows`), dynamic masking, two steps
+             (albert_core.examples.order), rows read by Parquet row group (`ShardRows`), dynamic masking, two steps
              ahead in a background thread (`--input-workers 0`) or in input processes (`--input-workers N`), then
              the same step; the time of a step includes waiting for its batch
 
@@ -84,12 +84,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from albert_core.batch import mlm_batch_per_row, mlm_batches
-from albert_core.config import AlbertConfig
-from albert_core.model import AlbertForPreTraining, estimate_flops_per_token
-from albert_core.shards import EXAMPLE_SCHEMA, example_id
-from albert_core.tokenization import TokenIds
-from services.run.config import RunConfig
+from albert_core.examples.batch import mlm_batch_per_row, mlm_batches
+from albert_core.examples.shards import EXAMPLE_SCHEMA, example_id
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining, estimate_flops_per_token
+from albert_core.text.tokenization import TokenIds
+from services.rundir.config import RunConfig
 from services.train.follow import EpochData
 from services.train.input import InputPlan, keep_freed_memory, open_input
 from services.train.plan import ShardSet, plan_data, resolve_token_ids

@@ -4,10 +4,10 @@ The baseline is the cheapest honest alternative, in numpy on the same examples: 
 with p=0.15, then 80% [MASK] / 10% random / 10% kept. Variants timed in interleaved rounds (median reported):
 
 - baseline      plain random token masking, one running generator
-- ngram         albert_core.masking.ngram_mask, one running generator
+- ngram         albert_core.examples.masking.ngram_mask, one running generator
 - ngram+rng     ngram_mask with example_rng(seed, epoch, example_id) per example (what training does)
-- mlm_batch     albert_core.batch.mlm_batch on 64-row batches, per row (masking + padding + seeding, all rows of a
-                batch at once; bench/bench_input.py --input-only compares it with the per-row code)
+- mlm_batch     albert_core.examples.batch.mlm_batch on 64-row batches, per row (masking + padding + seeding, all rows
+                of a batch at once; bench/bench_input.py --input-only compares it with the per-row code)
 
     python bench/bench_masking.py [--examples 2000] [--rounds 5]
 """
@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from albert_core.batch import mlm_batch
-from albert_core.masking import IGNORE_INDEX, example_rng, ngram_mask
+from albert_core.examples.batch import mlm_batch
+from albert_core.examples.masking import IGNORE_INDEX, example_rng, ngram_mask
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 SPECIAL = (PAD, CLS, SEP)

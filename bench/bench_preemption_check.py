@@ -32,8 +32,8 @@ def loop(config: dict) -> None:
     import torch.distributed as dist
     from ray import train
 
-    from albert_core.config import AlbertConfig
-    from albert_core.model import AlbertForPreTraining
+    from albert_core.model.config import AlbertConfig
+    from albert_core.model.modeling import AlbertForPreTraining
 
     calls = config["calls"]
     checks = timed(train.get_preemption_info, calls)

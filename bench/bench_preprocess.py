@@ -26,11 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from albert_core.corpus import Document, read_documents
-from albert_core.tokenization import MODEL_FILE, Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.text.corpus import Document, read_documents
+from albert_core.text.tokenization import MODEL_FILE, Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.data.sample import assemble_sample_corpus
 from services.preprocess.config import PreprocessConfig
-from services.preprocess.run import run_preprocess
+from services.preprocess.pipeline import run_preprocess
 
 CACHE = Path(".cache/albert")
 

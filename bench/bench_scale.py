@@ -46,8 +46,8 @@ sys.path.insert(0, str(REPO))
 
 import pyarrow.parquet as pq  # noqa: E402
 
-from albert_core.shards import MANIFEST_FILE  # noqa: E402
-from albert_core.tokenization import MODEL_FILE, TokenizerTrainConfig  # noqa: E402
+from albert_core.examples.shards import MANIFEST_FILE  # noqa: E402
+from albert_core.text.tokenization import MODEL_FILE, TokenizerTrainConfig  # noqa: E402
 from services.data.sample import DEFAULT_CACHE, assemble_sample_corpus  # noqa: E402
 from services.data.synthetic import (  # noqa: E402
     distinct_documents,
@@ -59,7 +59,7 @@ from services.data.synthetic import (  # noqa: E402
 from services.data.tokenizer import train_on_corpus  # noqa: E402
 from services.preprocess.config import PreprocessConfig  # noqa: E402
 from services.preprocess.layout import PROGRESS_DIR  # noqa: E402
-from services.preprocess.run import run_preprocess  # noqa: E402
+from services.preprocess.pipeline import run_preprocess  # noqa: E402
 
 SEED = 2026
 MAX_SEQ_LENGTH = 128

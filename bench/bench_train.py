@@ -1,8 +1,8 @@
 """Training throughput of our step vs transformers' ALBERT + AdamW, with MFU against a measured GEMM peak.
 
 Both models have the albert-base shape (V=30000, E=128, H=768, 12 layers sharing one, FFN 3072) and start from the
-same weights (ours converted with albert_core.interop.to_hf). Both train on the same batch of 8 × 128 tokens,
-n-gram masked by albert_core.batch. Dropout is 0.1 in both.
+same weights (ours converted with albert_core.model.interop.to_hf). Both train on the same batch of 8 × 128 tokens,
+n-gram masked by albert_core.examples.batch. Dropout is 0.1 in both.
 
 - ours: AlbertForPreTraining, MLM decoded at the masked positions only (~15% of tokens), one
   `services.train.step.train_step`: forward, backward, global-norm clip 1.0, LAMB, schedule.
@@ -10,10 +10,10 @@ n-gram masked by albert_core.batch. Dropout is 0.1 in both.
   clip 1.0 and torch.optim.AdamW(foreach=True).
 
 The two alternate one timed step at a time, which is fair on a shared machine; the best and the median step
-are printed. For each: tokens/s, GFLOP/s (model FLOPs from albert_core.model.estimate_flops_per_token, counting
+are printed. For each: tokens/s, GFLOP/s (model FLOPs from albert_core.model.modeling.estimate_flops_per_token, counting
 the work each model does: ours decodes ~15% of positions), and MFU against the fp32 `torch.mm` peak (the better
 of a measurement before and one after the timed steps, in the same run). Then the ratios ours / transformers for
-our eager step and for our step with `train.compile` (albert_core.model.compile_backbone), all three interleaved.
+our eager step and for our step with `train.compile` (model.modeling.compile_backbone), all three interleaved.
 
     python bench/bench_train.py [--steps 10] [--warmup 2] [--no-compile] [--threads N]
 """
@@ -28,10 +28,10 @@ import time
 import numpy as np
 import torch
 
-from albert_core.batch import mlm_batch
-from albert_core.config import AlbertConfig
-from albert_core.interop import to_hf
-from albert_core.model import AlbertForPreTraining, compile_backbone, estimate_flops_per_token
+from albert_core.examples.batch import mlm_batch
+from albert_core.model.config import AlbertConfig
+from albert_core.model.interop import to_hf
+from albert_core.model.modeling import AlbertForPreTraining, compile_backbone, estimate_flops_per_token
 from albert_core.optim import make_optimizer, make_scheduler
 from services.train.step import train_step
 

@@ -57,8 +57,8 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def tiny_batch(seed: int) -> dict[str, np.ndarray]:
-    """4 random [CLS] A [SEP] B [SEP] rows of 40..64 tokens, n-gram masked by albert_core.batch.mlm_batch."""
-    from albert_core.batch import mlm_batch
+    """4 random [CLS] A [SEP] B [SEP] rows of 40..64 tokens, n-gram masked by albert_core.examples.batch.mlm_batch."""
+    from albert_core.examples.batch import mlm_batch
 
     rng = np.random.default_rng(seed)
     ids, types, words = [], [], []
@@ -89,8 +89,8 @@ def tiny_batch(seed: int) -> dict[str, np.ndarray]:
 
 def step_worker(rank: int, world: int, port: int, steps: int, warmup: int, out) -> None:
     worker = setup(rank, world, port)
-    from albert_core.config import AlbertConfig
-    from albert_core.model import AlbertForPreTraining
+    from albert_core.model.config import AlbertConfig
+    from albert_core.model.modeling import AlbertForPreTraining
     from albert_core.optim import make_optimizer, make_scheduler
     from services.train.xla import compile_count, static_batch, xla_train_step
 

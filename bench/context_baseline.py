@@ -24,11 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from albert_core.evaluation import intrinsic_metrics, read_heldout  # noqa: E402
-from albert_core.masking import IGNORE_INDEX  # noqa: E402
-from albert_core.model import PreTrainingOutput  # noqa: E402
-from albert_core.shards import TRAIN_DIR  # noqa: E402
-from services.run.config import RunConfig  # noqa: E402
+from albert_core.evaluation.intrinsic import intrinsic_metrics, read_heldout  # noqa: E402
+from albert_core.examples.masking import IGNORE_INDEX  # noqa: E402
+from albert_core.examples.shards import TRAIN_DIR  # noqa: E402
+from albert_core.model.modeling import PreTrainingOutput  # noqa: E402
+from services.rundir.config import RunConfig  # noqa: E402
 from services.train.plan import resolve_token_ids  # noqa: E402
 
 Counts = dict[object, collections.Counter]

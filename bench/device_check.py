@@ -67,10 +67,10 @@ import numpy as np
 import torch
 from bench_train import VOCAB, build_hf, build_ours, gemm_peak, interleaved, make_batch
 
-from albert_core.config import AlbertConfig
-from albert_core.model import estimate_flops_per_token
-from albert_core.tokenization import TokenIds
-from services.run.config import RunConfig
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import estimate_flops_per_token
+from albert_core.text.tokenization import TokenIds
+from services.rundir.config import RunConfig
 from services.train.backends import EagerBackend
 from services.train.state import TrainerState, load_train_state
 from services.train.step import initial_model, make_micro_batch, optimizer_for, step_seed

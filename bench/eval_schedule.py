@@ -31,9 +31,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from services.run import log as run_log  # noqa: E402
-from services.run import schedules  # noqa: E402
-from services.run.schedules import RESULT_KIND  # noqa: E402
+from services.rundir import log as run_log  # noqa: E402
+from services.rundir import schedules  # noqa: E402
+from services.rundir.schedules import RESULT_KIND  # noqa: E402
 
 ALBERT = [sys.executable, "-m", "services.cli"]
 

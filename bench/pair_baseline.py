@@ -1,5 +1,5 @@
 """How far the pair tasks can be solved from surface statistics alone: count-based predictors for SOP and NSP,
-scored on held-out pairs built as the evaluator builds them (albert_core.analysis.document_pairs).
+scored on held-out pairs built as the evaluator builds them (albert_core.evaluation.analysis.document_pairs).
 
 - SOP (is the pair swapped?), junction bigram: the pair reads `X [SEP] Y`; in the documents' order the last piece of
   the first segment runs on into the first piece of the second. Predict "in order" when
@@ -33,10 +33,10 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from albert_core.analysis import document_pairs  # noqa: E402
-from albert_core.evaluation import read_heldout  # noqa: E402
-from albert_core.shards import HELDOUT_FILE, TRAIN_DIR  # noqa: E402
-from services.run.config import RunConfig  # noqa: E402
+from albert_core.evaluation.analysis import document_pairs  # noqa: E402
+from albert_core.evaluation.intrinsic import read_heldout  # noqa: E402
+from albert_core.examples.shards import HELDOUT_FILE, TRAIN_DIR  # noqa: E402
+from services.rundir.config import RunConfig  # noqa: E402
 from services.train.plan import resolve_token_ids  # noqa: E402
 
 
@@ -95,9 +95,9 @@ def state_spread(checkpoint: str, examples, pad_id: int) -> dict[str, float]:
     """{"cls": spread of the final [CLS] state, "token5": of position 5's}: |std over pairs| / |mean|."""
     import torch
 
-    from albert_core.analysis import pad_batches
-    from albert_core.checkpoint import load_model
-    from albert_core.model import AlbertModel
+    from albert_core.evaluation.analysis import pad_batches
+    from albert_core.model.checkpoint import load_model
+    from albert_core.model.modeling import AlbertModel
 
     model = load_model(checkpoint, AlbertModel).eval()
     states = []

@@ -28,12 +28,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from albert_core.evaluation import read_heldout  # noqa: E402
-from albert_core.model import AlbertForPreTraining  # noqa: E402
-from albert_core.shards import TRAIN_DIR  # noqa: E402
-from albert_core.unigram import load_or_count  # noqa: E402
+from albert_core.evaluation.intrinsic import read_heldout  # noqa: E402
+from albert_core.evaluation.unigram import load_or_count  # noqa: E402
+from albert_core.examples.shards import TRAIN_DIR  # noqa: E402
+from albert_core.model.modeling import AlbertForPreTraining  # noqa: E402
 from services.eval.evaluate import IntrinsicOptions, evaluate_model  # noqa: E402
-from services.run.config import RunConfig  # noqa: E402
+from services.rundir.config import RunConfig  # noqa: E402
 from services.train.plan import resolve_token_ids  # noqa: E402
 from services.train.step import initial_model, make_micro_batch, optimizer_for, step_seed, train_step  # noqa: E402
 

@@ -39,9 +39,9 @@ import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file
 
-from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
 from services.cluster import coordinator_name
-from services.run.config import RunConfig
+from services.rundir.config import RunConfig
 from services.train.coordinator import get_or_create_coordinator
 from services.train.driver import run_pretraining
 from services.train.worker import TRACE_ENV

@@ -11,7 +11,7 @@ independent reference, on the same shards and the same machine, measured in one 
              one run per learning rate of `--ref-lrs`, each for `--budget` seconds of training (evaluation time is not
              counted). Its best learning rate is the one compared.
 
-Both are scored by the same evaluator (albert_core.evaluation: the held-out documents, n-gram masking, fixed
+Both are scored by the same evaluator (albert_core.evaluation.intrinsic: the held-out documents, n-gram masking, fixed
 positions), next to the unigram baseline on those positions. Writes `<out>/time_to_accuracy.json` and `.png`.
 
     python bench/time_to_accuracy.py [--shards DIR] [--target 0.15] [--budget 600] [--ref-lrs 1e-3,2e-3,5e-3]
@@ -29,12 +29,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from albert_core.evaluation import intrinsic_metrics, read_heldout
-from albert_core.shards import HELDOUT_FILE, TRAIN_DIR
-from albert_core.tokenization import TokenIds
-from albert_core.unigram import UnigramBaseline
-from services.run.config import RunConfig
-from services.run.log import read_metrics
+from albert_core.evaluation.intrinsic import intrinsic_metrics, read_heldout
+from albert_core.evaluation.unigram import UnigramBaseline
+from albert_core.examples.shards import HELDOUT_FILE, TRAIN_DIR
+from albert_core.text.tokenization import TokenIds
+from services.rundir.config import RunConfig
+from services.rundir.log import read_metrics
 from services.train.plan import resolve_token_ids, unigram_for
 
 DEFAULT_SHARDS = Path(".cache/albert/sample-shards-8000-128")

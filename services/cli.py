@@ -19,7 +19,7 @@ from services.experiments import cli as experiments_cli
 from services.finetune import cli as finetune_cli
 from services.jobs import cli as jobs_cli
 from services.preprocess import cli as preprocess_cli
-from services.run import cli as run_cli
+from services.rundir import cli as run_cli
 from services.terminal import (
     EXIT_CODES,
     EXIT_DATA,
@@ -50,7 +50,7 @@ LATER_STAGES = (experiments_cli, jobs_cli)
 
 
 def cmd_model_info(args: argparse.Namespace) -> int:
-    from albert_core.config import PRESETS, AlbertConfig, count_parameters
+    from albert_core.model.config import PRESETS, AlbertConfig, count_parameters
 
     names = [args.preset] if args.preset else list(PRESETS)
     print(f"{'preset':<16}{'L':>4}{'H':>6}{'E':>6}{'heads':>7}{'FFN':>7}  {'sharing':<10}{'params':>10}")
@@ -65,7 +65,7 @@ def cmd_model_info(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """Between an albert model directory and a transformers checkpoint directory (either direction)."""
-    from albert_core.conversion import convert_checkpoint
+    from albert_core.model.conversion import convert_checkpoint
 
     done = convert_checkpoint(args.source, args.output, to=args.to, tokenizer=args.tokenizer, force=args.force)
     if done.warning:

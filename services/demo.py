@@ -38,13 +38,13 @@ def run_demo(
     progress: bool = True,
 ) -> DemoPaths:
     """The main job on the embedded default: every stage real, small enough for a laptop's CPUs."""
-    from albert_core.tokenization import MODEL_FILE, TokenizerTrainConfig
+    from albert_core.text.tokenization import MODEL_FILE, TokenizerTrainConfig
     from services.cluster import connect
     from services.data.sample import assemble_sample_corpus
     from services.data.tokenizer import train_on_corpus
     from services.preprocess.config import PreprocessConfig
-    from services.preprocess.run import run_preprocess
-    from services.run.config import RunConfig
+    from services.preprocess.pipeline import run_preprocess
+    from services.rundir.config import RunConfig
     from services.train.pretrain import pretrain
 
     cache = Path(cache)

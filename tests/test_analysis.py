@@ -1,4 +1,4 @@
-"""Figure 1's layer transitions and the linear probes of albert_core.analysis, on tiny real models."""
+"""Figure 1's layer transitions and the linear probes of albert_core.evaluation.analysis, on tiny real models."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from albert_core.analysis import (
+from albert_core.evaluation.analysis import (
     document_pairs,
     fit_linear_probe,
     layer_transitions,
@@ -16,8 +16,8 @@ from albert_core.analysis import (
     pair_probe,
     probe_accuracy,
 )
-from albert_core.config import AlbertConfig
-from albert_core.model import AlbertForPreTraining, AlbertModel
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining, AlbertModel
 
 H = 4
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from albert_core.batch import mlm_batch, padded_length
-from albert_core.masking import IGNORE_INDEX
-from albert_core.pairs import PairConfig, create_pairs
+from albert_core.examples.batch import mlm_batch, padded_length
+from albert_core.examples.masking import IGNORE_INDEX
+from albert_core.examples.pairs import PairConfig, create_pairs
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 VOCAB = 1000

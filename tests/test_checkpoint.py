@@ -5,9 +5,9 @@ import pickle
 import pytest
 import torch
 
-from albert_core.checkpoint import CheckpointError, load_model, save_model
-from albert_core.config import AlbertConfig
-from albert_core.model import AlbertForPreTraining, AlbertForSequenceClassification
+from albert_core.model.checkpoint import CheckpointError, load_model, save_model
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining, AlbertForSequenceClassification
 
 
 @pytest.fixture()

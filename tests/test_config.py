@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from albert_core.config import PRESETS, AlbertConfig, ConfigError, count_parameters
+from albert_core.model.config import PRESETS, AlbertConfig, ConfigError, count_parameters
 
 # Table 1 of the paper, in millions, and the count transformers gives for each released configuration.
 PAPER_MILLIONS = {
@@ -78,7 +78,7 @@ def test_xxlarge_released_configuration_is_about_5_percent_below_table1():
 
 @pytest.mark.parametrize("sharing,groups", [("all", 1), ("all", 3), ("attention", 2), ("ffn", 1), ("none", 1)])
 def test_count_equals_built_model(sharing, groups):
-    from albert_core.model import AlbertModel
+    from albert_core.model.modeling import AlbertModel
 
     config = AlbertConfig(
         vocab_size=500,

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from albert_core.checkpoint import read_checkpoint, save_model
-from albert_core.config import AlbertConfig
-from albert_core.downstream.glue import encode_pair
-from albert_core.model import AlbertForPreTraining
-from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.finetune.tasks.glue import encode_pair
+from albert_core.model.checkpoint import read_checkpoint, save_model
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
+from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.cli import main
 from services.terminal import EXIT_DATA
 

@@ -16,17 +16,17 @@ import pytest
 import ray
 import torch
 
-from albert_core.checkpoint import save_model
-from albert_core.config import AlbertConfig
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA
 from albert_core.files import METRICS_FILE, CorruptCheckpoint
-from albert_core.model import AlbertForPreTraining
-from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
+from albert_core.model.checkpoint import save_model
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
 from services import RAY_NAMESPACE
 from services.eval.evaluate import UnknownTask
-from services.run.checkpoints import verify_checkpoint
-from services.run.cli import run_status
-from services.run.config import RunConfig
-from services.run.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger, read_status
+from services.rundir.checkpoints import verify_checkpoint
+from services.rundir.cli import run_status
+from services.rundir.config import RunConfig
+from services.rundir.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger, read_status
 from services.train.coordinator import evaluator_name, get_or_create_coordinator
 
 VOCAB = 64
@@ -517,7 +517,7 @@ def write_polarity_task(directory: Path, per_label: int = 40) -> Path:
 
 
 def test_eval_tasks_put_downstream_scores_in_the_metrics_log(make_run, tmp_path):
-    from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+    from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 
     task_dir = write_polarity_task(tmp_path / "polarity")
     texts = (task_dir / "pang_lee_polarity.cor").read_text().replace("__label__", "").splitlines()

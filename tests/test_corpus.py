@@ -13,15 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from albert_core.corpus import (
+from albert_core.text.corpus import (
     CorpusError,
     Document,
     Skip,
     list_inputs,
     read_documents,
 )
-from albert_core.sentences import split_sentences
-from albert_core.wikitext import strip_wikitext
+from albert_core.text.sentences import split_sentences
+from albert_core.text.wikitext import strip_wikitext
 
 
 def docs(records):

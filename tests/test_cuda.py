@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from albert_core.batch import mlm_batch
-from albert_core.config import AlbertConfig
-from albert_core.model import AlbertForPreTraining
+from albert_core.examples.batch import mlm_batch
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from services.train.state import TrainerState, load_train_state, save_train_state
 from services.train.step import train_step

@@ -1,5 +1,5 @@
 """The user's own data: reading CSV / TSV / JSONL / JSON / Parquet tables, the label set, the held-out dev split and
-the one-line errors for bad input (albert_core.downstream.tables, custom_splits). No training here."""
+the one-line errors for bad input (albert_core.finetune.tasks.tables, custom_splits). No training here."""
 
 import csv
 import json
@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.downstream import DataFormatError
-from albert_core.downstream.custom_splits import CustomDataConfig, held_out_rows, load_custom_splits
-from albert_core.downstream.tables import read_table
+from albert_core.finetune.tasks import DataFormatError
+from albert_core.finetune.tasks.custom_splits import CustomDataConfig, held_out_rows, load_custom_splits
+from albert_core.finetune.tasks.tables import read_table
 
 ROWS = [
     {"text": "a goal, late", "label": "sports"},

@@ -21,12 +21,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from albert_core.checkpoint import save_model
-from albert_core.downstream.custom_splits import CustomDataConfig
-from albert_core.finetune_config import FinetuneConfig
-from albert_core.finetuning import finetune, load_task_data
-from albert_core.model import AlbertForPreTraining
-from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.finetune.config import FinetuneConfig
+from albert_core.finetune.finetuning import finetune, load_task_data
+from albert_core.finetune.tasks.custom_splits import CustomDataConfig
+from albert_core.model.checkpoint import save_model
+from albert_core.model.modeling import AlbertForPreTraining
+from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.cli import main
 from services.terminal import EXIT_DATA, EXIT_USAGE
 from tests.conftest import default_sigint
@@ -194,7 +194,7 @@ def test_regression_from_parquet_holds_out_dev_records_the_split_and_predicts_in
 def test_a_folder_of_train_dev_test_tables_is_found_by_name_for_the_cli_and_the_eval_registry(
     tmp_path, checkpoint, topics, capsys
 ):
-    from services.finetune.run import seed_configs
+    from services.finetune.seeds import seed_configs
 
     folder = tmp_path / "news"
     folder.mkdir()
@@ -306,7 +306,7 @@ def test_ctrl_c_or_sigterm_after_a_dev_evaluation_prints_the_partial_summary_and
 @pytest.mark.ray
 def test_ctrl_c_while_seeds_run_on_ray_summarizes_the_finished_seed(ray_local, tmp_path, checkpoint, topics, capsys):
     from services.finetune.cli import report_interrupted
-    from services.finetune.run import SeedsInterrupted, run_seeds, seed_configs
+    from services.finetune.seeds import SeedsInterrupted, run_seeds, seed_configs
 
     custom = CustomDataConfig(str(topics / "train.csv"), dev=str(topics / "dev.csv"), label_column="topic")
     overrides = {"custom": custom, "lr": 1e-3, "batch_size": 8, "max_seq_length": 32, "eval_every": 0}

@@ -1,5 +1,5 @@
 """The example order of pretraining: every example once per epoch, well mixed, the same for any worker count and
-after a resume (albert_core.data_order, services.train.data on real Parquet shards)."""
+after a resume (albert_core.examples.order, services.train.data on real Parquet shards)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.data_order import WINDOW_ROWS, DataStream, ExampleOrder, worker_positions
-from albert_core.shards import write_random_shards
+from albert_core.examples.order import WINDOW_ROWS, DataStream, ExampleOrder, worker_positions
+from albert_core.examples.shards import write_random_shards
 from services.train.data import Prefetch, ShardRows, host_steps
 
 FILE_ROWS = (500, 300, 700, 12)
@@ -126,7 +126,7 @@ def test_prefetch_closed_early_stops_reading_its_source():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# a shard set that grows by parts, and mixture weights (albert_core.data_order.DataStream)
+# a shard set that grows by parts, and mixture weights (albert_core.examples.order.DataStream)
 
 PARTS = (3, 1)  # files of part 0 (the first three of FILE_ROWS) and of part 1 (the last)
 

@@ -10,19 +10,19 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from albert_core.checkpoint import save_model
-from albert_core.config import AlbertConfig
-from albert_core.evaluation import HeldoutDocument, TokenIds, intrinsic_metrics, read_heldout
-from albert_core.model import AlbertForPreTraining
-from albert_core.shards import HELDOUT_SCHEMA
-from albert_core.unigram import UnigramBaseline
+from albert_core.evaluation.intrinsic import HeldoutDocument, TokenIds, intrinsic_metrics, read_heldout
+from albert_core.evaluation.unigram import UnigramBaseline
+from albert_core.examples.shards import HELDOUT_SCHEMA
+from albert_core.model.checkpoint import save_model
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
 from services.eval.evaluate import (
     DOWNSTREAM_TASKS,
     IntrinsicOptions,
     UnknownTask,
     evaluate_checkpoint,
 )
-from services.run.config import RunConfig
+from services.rundir.config import RunConfig
 
 VOCAB = 64
 TOKENS = TokenIds(vocab_size=VOCAB)  # pad 0, unk 1, cls 2, sep 3, mask 4
@@ -310,7 +310,7 @@ def test_intrinsic_options_follow_the_run_config():
 def test_a_checkpoint_is_scored_against_the_unigram_baseline_of_the_shard_set_version_it_trained_on(tmp_path):
     """An append commits a new version's counts (and names them in manifest.json); a run that trained on version 1
     keeps version 1's baseline, so its unigram_acc and mlm_margin do not shift mid-run (issue 31, item 4)."""
-    from albert_core.unigram import version_unigram_file
+    from albert_core.evaluation.unigram import version_unigram_file
 
     shards = tmp_path / "shards"
     (shards / "heldout").mkdir(parents=True)

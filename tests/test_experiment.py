@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from albert_core.analysis import transition_roughness
-from albert_core.config import AlbertConfig, ConfigError, count_parameters
+from albert_core.evaluation.analysis import transition_roughness
 from albert_core.files import atomic_write_bytes
-from albert_core.tokenization import MODEL_FILE, TokenizerTrainConfig, train_tokenizer
+from albert_core.model.config import AlbertConfig, ConfigError, count_parameters
+from albert_core.text.tokenization import MODEL_FILE, TokenizerTrainConfig, train_tokenizer
 from services.experiments.analyze import analyze_layers
-from services.experiments.run import (
+from services.experiments.cells import (
     RESULTS_CSV,
     RESULTS_MD,
     cell_fingerprint,
@@ -29,8 +29,8 @@ from services.experiments.run import (
     write_tables,
 )
 from services.experiments.spec import Cell, ExperimentSpec, cell_config, cell_name, final_checkpoint
-from services.run.config import RunConfig
-from services.run.log import read_metrics
+from services.rundir.config import RunConfig
+from services.rundir.log import read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()
@@ -387,8 +387,8 @@ def test_analyze_layers_on_a_transformers_bert_checkpoint_matches_its_own_hidden
 
 @pytest.mark.ray
 def test_analyze_layers_refuses_a_checkpoint_whose_vocabulary_differs_from_the_heldout_file(tmp_path, run_outputs):
-    from albert_core.checkpoint import save_model
-    from albert_core.model import AlbertForPreTraining
+    from albert_core.model.checkpoint import save_model
+    from albert_core.model.modeling import AlbertForPreTraining
 
     other = AlbertForPreTraining(AlbertConfig.preset("albert-tiny", vocab_size=50, max_position_embeddings=64))
     save_model(tmp_path / "other", other)

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from albert_core.analysis import transition_roughness
-from albert_core.config import ConfigError
+from albert_core.evaluation.analysis import transition_roughness
 from albert_core.files import atomic_write_bytes
+from albert_core.model.config import ConfigError
+from services.experiments.cells import cell_fingerprint, collect_results, marker_path
 from services.experiments.report import write_report
-from services.experiments.run import cell_fingerprint, collect_results, marker_path
 from services.experiments.spec import ExperimentSpec, cell_config
 from services.experiments.stats import (
     REPRODUCED,

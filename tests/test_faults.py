@@ -48,18 +48,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from albert_core.config import AlbertConfig
-from albert_core.model import AlbertForPreTraining
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, example_id
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
-from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, example_id
-from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
+from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.cluster import coordinator_name
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
-from services.preprocess.run import run_preprocess
-from services.run.checkpoints import latest_good, list_checkpoints, verify
-from services.run.ledger import read_status
-from services.run.log import read_metrics
+from services.preprocess.pipeline import run_preprocess
+from services.rundir.checkpoints import latest_good, list_checkpoints, verify
+from services.rundir.ledger import read_status
+from services.rundir.log import read_metrics
 from services.train.coordinator import get_or_create_coordinator
 from services.train.driver import run_pretraining
 from services.train.state import TrainerState, save_train_state
@@ -740,7 +740,7 @@ SAVE_UNDER_FILE_LIMIT = """
 import json, resource, signal, sys
 from pathlib import Path
 from tests.test_faults import tiny_training_state
-from services.run.checkpoints import latest_good, verify
+from services.rundir.checkpoints import latest_good, verify
 from services.train.state import TrainerState, save_train_state
 root = Path(sys.argv[1])
 model, optimizer, scheduler = tiny_training_state()

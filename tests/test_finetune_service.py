@@ -1,4 +1,4 @@
-"""services.finetune.run: seeds as parallel Ray tasks, the median summary, ensembles, `albert finetune`."""
+"""services.finetune.seeds: seeds as parallel Ray tasks, the median summary, ensembles, `albert finetune`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from albert_core.finetune_config import FinetuneConfig
+from albert_core.finetune.config import FinetuneConfig
 from services.finetune.cli import register
-from services.finetune.run import default_seeds, downstream_evaluator, run_downstream, seed_configs, seed_list
+from services.finetune.seeds import default_seeds, downstream_evaluator, run_downstream, seed_configs, seed_list
 from tests.test_finetuning import keyword_rows, tiny, write_sst2
 
 QUICK = {"lr": 1e-3, "batch_size": 16, "train_steps": 4, "warmup_steps": 1, "max_seq_length": 32}
@@ -37,7 +37,7 @@ def ray_session(request):
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory) -> Path:
-    from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
+    from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 
     out = tmp_path_factory.mktemp("tokenizer")
     texts = [s for s, _ in keyword_rows(300, 0)] + ["excellent excellent"] * 20
@@ -52,7 +52,7 @@ def sst2(tmp_path_factory) -> Path:
 
 
 def overrides_for(tok_dir: Path, **extra) -> dict:
-    from albert_core.tokenization import Tokenizer
+    from albert_core.text.tokenization import Tokenizer
 
     model = tiny(Tokenizer.load(tok_dir).vocab_size).to_dict()
     return {**QUICK, "tokenizer": str(tok_dir), "model": model, "eval_every": 0, **extra}
@@ -62,8 +62,8 @@ def overrides_for(tok_dir: Path, **extra) -> dict:
 
 
 def test_task_names_are_those_of_albert_core():
-    from albert_core.finetune_config import TASKS as CORE_TASKS
-    from services.finetune.run import TASKS
+    from albert_core.finetune.config import TASKS as CORE_TASKS
+    from services.finetune.seeds import TASKS
 
     assert TASKS == CORE_TASKS
 

@@ -12,12 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from albert_core.checkpoint import save_model, state_dict_of
-from albert_core.config import AlbertConfig
-from albert_core.downstream.glue import encode_pair, polarity_split, read_polarity, truncate_pair
-from albert_core.downstream.outputs import TaskOutputs, ensemble
-from albert_core.finetune_config import PAPER_HYPERPARAMS, FinetuneConfig, canonical_task
-from albert_core.finetuning import (
+from albert_core.finetune.config import PAPER_HYPERPARAMS, FinetuneConfig, canonical_task
+from albert_core.finetune.finetuning import (
     build_model,
     eval_steps,
     finetune,
@@ -27,8 +23,12 @@ from albert_core.finetuning import (
     score_ensemble,
     score_outputs,
 )
-from albert_core.model import AlbertForPreTraining
-from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.finetune.tasks.glue import encode_pair, polarity_split, read_polarity, truncate_pair
+from albert_core.finetune.tasks.outputs import TaskOutputs, ensemble
+from albert_core.model.checkpoint import save_model, state_dict_of
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
+from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SQUAD_V1 = FIXTURES / "squad_v1_allennlp.json"

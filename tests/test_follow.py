@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from albert_core.shards import ShardsManifest
-from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
+from albert_core.examples.shards import ShardsManifest
+from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.cli import main
-from services.run.checkpoints import checkpoint_dir, read_trainer_json
-from services.run.config import RunConfig
-from services.run.log import read_metrics
+from services.rundir.checkpoints import checkpoint_dir, read_trainer_json
+from services.rundir.config import RunConfig
+from services.rundir.log import read_metrics
 from services.train.driver import run_pretraining
 from services.train.worker import STOP_ENV, TRACE_ENV
 

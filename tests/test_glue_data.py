@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from albert_core.downstream import DataFormatError
-from albert_core.downstream.glue import (
+from albert_core.finetune.tasks import DataFormatError
+from albert_core.finetune.tasks.glue import (
     GLUE_TASKS,
     GlueExample,
     glue_task,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from services.run.config import RunConfig
-from services.run.health import divergence, plateau, stalled
-from services.run.ledger import RunLedger
-from services.run.log import read_metrics
+from services.rundir.config import RunConfig
+from services.rundir.health import divergence, plateau, stalled
+from services.rundir.ledger import RunLedger
+from services.rundir.log import read_metrics
 
 
 def test_a_plateau_is_the_last_evaluations_after_warmup_all_within_the_margin_of_the_floor():

@@ -9,8 +9,8 @@ import pytest
 import ray
 
 from services.cluster import coordinator_name
-from services.run.checkpoints import read_trainer_json
-from services.run.log import read_metrics
+from services.rundir.checkpoints import read_trainer_json
+from services.rundir.log import read_metrics
 from services.train.coordinator import get_or_create_coordinator
 from services.train.driver import run_pretraining
 from tests.test_train import run_config, write_heldout, write_shards

@@ -26,23 +26,23 @@ import pytest
 import torch
 from ray._private.runtime_env.packaging import create_package
 
-from albert_core.checkpoint import save_model, state_dict_of
-from albert_core.config import AlbertConfig, ConfigError
-from albert_core.corpus import Document, Skip, read_documents
-from albert_core.downstream import DataFormatError
-from albert_core.downstream.custom_splits import MAX_CLASSES, CustomDataConfig, load_custom_splits
-from albert_core.downstream.tables import read_table
-from albert_core.finetune_config import MAX_BATCH_SIZE
-from albert_core.interop import save_hf_checkpoint
-from albert_core.model import AlbertForPreTraining
-from albert_core.shards import write_random_shards
-from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.examples.shards import write_random_shards
+from albert_core.finetune.config import MAX_BATCH_SIZE
+from albert_core.finetune.tasks import DataFormatError
+from albert_core.finetune.tasks.custom_splits import MAX_CLASSES, CustomDataConfig, load_custom_splits
+from albert_core.finetune.tasks.tables import read_table
+from albert_core.model.checkpoint import save_model, state_dict_of
+from albert_core.model.config import AlbertConfig, ConfigError
+from albert_core.model.interop import save_hf_checkpoint
+from albert_core.model.modeling import AlbertForPreTraining
+from albert_core.text.corpus import Document, Skip, read_documents
+from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services import cluster
 from services.cli import main as cli_main
 from services.preprocess.cli import skip_lines
-from services.run.config import RunConfig
-from services.run.ledger import RunLedger
-from services.run.report import LiveView
+from services.rundir.config import RunConfig
+from services.rundir.ledger import RunLedger
+from services.rundir.report import LiveView
 from services.terminal import EXIT_DATA
 from services.train.plan import read_shard_set
 from tests.test_finetuning import tiny
@@ -203,7 +203,7 @@ def measured(code: str) -> dict:
     """Run `code` (which sets `result`) in a capped process; its result and how far its peak RSS rose meanwhile."""
     script = (
         "import json\nimport pyarrow, pyarrow.parquet, pyarrow.compute\n"
-        "import albert_core.corpus, albert_core.downstream.tables\n"
+        "import albert_core.text.corpus, albert_core.finetune.tasks.tables\n"
         "def peak_kb():  # VmHWM: this process's peak RSS since exec (ru_maxrss would count the forking parent's)\n"
         "    return int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])\n"
         "before = peak_kb()\n"
@@ -287,7 +287,7 @@ def test_a_parquet_corpus_file_whose_dictionary_repeats_a_long_value_is_skipped_
     assert path.stat().st_size < 20_000
     code = (
         "from collections import Counter\n"
-        f"out = albert_core.corpus.read_documents({str(path)!r}, max_document_chars=100_000)\n"
+        f"out = albert_core.text.corpus.read_documents({str(path)!r}, max_document_chars=100_000)\n"
         "result = Counter(r.reason for r in out if hasattr(r, 'reason'))"
     )
     measured_run = measured(code)
@@ -298,9 +298,9 @@ def test_a_parquet_corpus_file_whose_dictionary_repeats_a_long_value_is_skipped_
 def test_a_custom_parquet_table_whose_cells_expand_hugely_is_refused_naming_the_row_and_column(tmp_path):
     path = dictionary_bomb(tmp_path / "train.parquet", value_chars=2_000_000, rows=2000)  # 4 GB once decoded
     code = (
-        "from albert_core.downstream import DataFormatError\n"
+        "from albert_core.finetune.tasks import DataFormatError\n"
         "try:\n"
-        f"    albert_core.downstream.tables.read_table({str(path)!r})\n"
+        f"    albert_core.finetune.tasks.tables.read_table({str(path)!r})\n"
         "    result = 'read'\n"
         "except DataFormatError as err:\n"
         "    result = str(err)"

@@ -28,16 +28,16 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from albert_core.batch import mlm_batch
-from albert_core.config import AlbertConfig, ConfigError
-from albert_core.corpus import CorpusError, Document, Skip, read_documents
-from albert_core.masking import IGNORE_INDEX
-from albert_core.model import AlbertForPreTraining
-from albert_core.pairs import IGNORE_LABEL, OBJECTIVES, PairConfig, create_pairs
-from albert_core.sentences import split_sentences
-from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
-from albert_core.wikitext import strip_wikitext
-from services.run.config import RunConfig
+from albert_core.examples.batch import mlm_batch
+from albert_core.examples.masking import IGNORE_INDEX
+from albert_core.examples.pairs import IGNORE_LABEL, OBJECTIVES, PairConfig, create_pairs
+from albert_core.model.config import AlbertConfig, ConfigError
+from albert_core.model.modeling import AlbertForPreTraining
+from albert_core.text.corpus import CorpusError, Document, Skip, read_documents
+from albert_core.text.sentences import split_sentences
+from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.text.wikitext import strip_wikitext
+from services.rundir.config import RunConfig
 from services.train.step import optimizer_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"

@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from albert_core.batch import mlm_batch, mlm_batches
-from albert_core.config import ConfigError
-from albert_core.shards import write_random_shards
-from albert_core.tokenization import TokenIds
-from services.run.config import RunConfig
+from albert_core.examples.batch import mlm_batch, mlm_batches
+from albert_core.examples.shards import write_random_shards
+from albert_core.model.config import ConfigError
+from albert_core.text.tokenization import TokenIds
+from services.rundir.config import RunConfig
 from services.train.data import ShardRows, host_steps
 from services.train.follow import EpochData, data_stream
 from services.train.input import InputPlan, open_input

@@ -7,10 +7,10 @@ import pytest
 import torch
 import transformers
 
-from albert_core.checkpoint import load_weights, read_checkpoint
-from albert_core.config import AlbertConfig
-from albert_core.interop import from_hf, save_hf_checkpoint, to_hf
-from albert_core.model import AlbertForPreTraining, AlbertModel
+from albert_core.model.checkpoint import load_weights, read_checkpoint
+from albert_core.model.config import AlbertConfig
+from albert_core.model.interop import from_hf, save_hf_checkpoint, to_hf
+from albert_core.model.modeling import AlbertForPreTraining, AlbertModel
 
 TOL = 1e-5
 

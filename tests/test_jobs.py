@@ -377,7 +377,7 @@ def _pod_specs() -> list[dict]:
 def test_every_ray_pod_gives_a_sigterm_time_to_checkpoint_before_sigkill():
     """A pod deleted (scale-down, node drain, a rollout) gets SIGTERM, then SIGKILL after its grace period: longer
     than train.stop_grace_s, in which a SIGTERM'd run saves a checkpoint at its next step."""
-    from services.run.config import TrainSection
+    from services.rundir.config import TrainSection
 
     ray_pods = [pod for spec in _ray_cluster_specs() for pod in
                 [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]]  # fmt: skip
@@ -489,7 +489,7 @@ def test_rayjob_recipe_is_a_valid_run_config_on_the_shared_volume():
     import shlex
     import tomllib
 
-    from services.run.config import RunConfig
+    from services.rundir.config import RunConfig
 
     objects = _kuberay_objects()
     (job,) = [o for o in objects if o["kind"] == "RayJob"]
@@ -533,7 +533,7 @@ def test_runtime_env_refuses_the_token_variable():
 
 def test_a_submitted_tiny_pretraining_runs_to_completion_and_is_visible_through_albert_jobs(cluster, tmp_path, capsys):
     """`albert submit pretrain` on the loopback cluster: real shards, Ray Train, the coordinator, a final eval."""
-    from services.run.ledger import STATE_FILE, read_status
+    from services.rundir.ledger import STATE_FILE, read_status
 
     config = tiny_job_recipe(tmp_path, "job-run", total_steps=3, checkpoint_every=3, eval_options="")
     job_id = jobs.submit("pretrain", ["--config", str(config), "--no-progress"], working_dir=REPO, **cluster.conn())
@@ -567,7 +567,7 @@ def tiny_job_recipe(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
+    from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA
     from tests.test_train import MODEL, write_shards
 
     shards = write_shards(tmp_path / "shards", (24,))

@@ -26,7 +26,7 @@ LAYERS = (
     ("services.train",),
     ("services.eval",),
     ("services.finetune", "services.preprocess"),
-    ("services.run", "services.data"),
+    ("services.rundir", "services.data"),
     ("services.cluster", "services.terminal"),
     ("services",),
     ("albert_core",),
@@ -147,7 +147,20 @@ def test_services_has_at_most_five_top_level_modules_beside_its_stage_folders():
     top = sorted(p.name for p in (ROOT / "services").glob("*.py"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
     stages = sorted(p.name for p in (ROOT / "services").iterdir() if (p / "__init__.py").is_file())
-    assert stages == ["data", "eval", "experiments", "finetune", "jobs", "preprocess", "run", "train"]
+    assert stages == ["data", "eval", "experiments", "finetune", "jobs", "preprocess", "rundir", "train"]
+
+
+def test_albert_core_is_in_rooms_each_saying_what_it_owns():
+    """albert_core/ keeps at most its shared files and optim at the top; everything else lives in a domain folder
+    whose __init__ is a docstring saying what it owns (and nothing else: importing a room imports no torch)."""
+    top = sorted(p.name for p in (ROOT / "albert_core").glob("*.py"))
+    assert top == ["__init__.py", "files.py", "optim.py"], top
+    rooms = sorted(p.name for p in (ROOT / "albert_core").iterdir() if (p / "__init__.py").is_file())
+    assert rooms == ["evaluation", "examples", "finetune", "model", "text"]
+    for room in rooms:
+        tree = ast.parse((ROOT / "albert_core" / room / "__init__.py").read_text())
+        assert ast.get_docstring(tree), f"albert_core/{room}/__init__.py says nothing of what it owns"
+        assert len(tree.body) == 1, f"albert_core/{room}/__init__.py holds more than its docstring"
 
 
 # A process in which `import ray` and `import torch` fail, running `albert ARGS`.
@@ -176,8 +189,8 @@ def albert_without_ray_and_torch(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     """A run directory as a finished run leaves it, written by the ledger alone (no training)."""
-    from services.run.config import RunConfig
-    from services.run.ledger import RunLedger
+    from services.rundir.config import RunConfig
+    from services.rundir.ledger import RunLedger
 
     config = RunConfig.load("tiny", {"run.output_dir": str(tmp_path_factory.mktemp("runs")), "run.name": "r"})
     ledger = RunLedger(config.run_dir, config.run.name, config.to_dict())

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from albert_core import masking
-from albert_core.masking import IGNORE_INDEX, Spans, example_rng, ngram_mask, ngram_probs
+from albert_core.examples import masking
+from albert_core.examples.masking import IGNORE_INDEX, Spans, example_rng, ngram_mask, ngram_probs
 
 
 def sample_spans(token_ids, word_starts, *, rng, special_ids, mask_prob=0.15, max_ngram=3) -> Spans:

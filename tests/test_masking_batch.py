@@ -1,8 +1,9 @@
 """The batch masker gives exactly the per-row masks: every draw of numpy's per-example generators, reproduced.
 
-`albert_core.batch.mlm_batch` masks all rows at once (albert_core.masking_batch, albert_core.pcg64); the reference is
-`mlm_batch_per_row`, the row-by-row code through ``ngram_mask`` and ``example_rng``. Equality is checked array for
-array on many random rows of every special-token layout, both pair objectives' layout and the MLM-only one.
+`albert_core.examples.batch.mlm_batch` masks all rows at once (albert_core.examples.masking_batch,
+albert_core.examples.pcg64); the reference is `mlm_batch_per_row`, the row-by-row code through ``ngram_mask`` and
+``example_rng``. Equality is checked array for array on many random rows of every special-token layout, both pair
+objectives' layout and the MLM-only one.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import albert_core.masking_batch as masking_batch
-from albert_core.batch import mlm_batch, mlm_batch_per_row
-from albert_core.masking import example_rng
-from albert_core.pcg64 import RowStreams, seed_pools
+import albert_core.examples.masking_batch as masking_batch
+from albert_core.examples.batch import mlm_batch, mlm_batch_per_row
+from albert_core.examples.masking import example_rng
+from albert_core.examples.pcg64 import RowStreams, seed_pools
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 SPECIAL = frozenset((PAD, UNK, CLS, SEP, MASK))

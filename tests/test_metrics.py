@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from albert_core import metrics as M
+from albert_core.evaluation import metrics as M
 
 # ----------------------------------------------------------------------------- GLUE
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from albert_core.config import AlbertConfig
-from albert_core.model import (
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import (
     AlbertForMultipleChoice,
     AlbertForPreTraining,
     AlbertForQuestionAnswering,
@@ -249,7 +249,7 @@ def test_rotary_rotates_each_query_and_key_pair_by_its_position_angle():
 
 
 def test_rotary_scores_depend_on_the_offset_between_positions_only():
-    from albert_core.model import rotary_tables, rotate
+    from albert_core.model.modeling import rotary_tables, rotate
 
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)

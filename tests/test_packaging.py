@@ -18,7 +18,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from services.run.config import recipes_dir
+from services.rundir.config import recipes_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -114,7 +114,7 @@ def test_the_wheel_carries_every_recipe_and_experiment_spec(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = sorted(p.relative_to(recipes_dir()).as_posix() for p in recipes_dir().rglob("*.toml"))
     assert "tiny.toml" in shipped and "experiments/table4-small.toml" in shipped
-    missing = [name for name in shipped if f"services/run/recipes/{name}" not in names]
+    missing = [name for name in shipped if f"services/rundir/recipes/{name}" not in names]
     assert missing == []
 
 
@@ -129,7 +129,7 @@ def test_the_unpacked_wheel_finds_its_recipes_by_name_and_by_checkout_path_outsi
     elsewhere.mkdir()
     code = (
         "import services, sys\n"
-        "from services.run.config import RunConfig\n"
+        "from services.rundir.config import RunConfig\n"
         "from services.experiments.spec import ExperimentSpec\n"
         "print(services.__file__)\n"
         "print(RunConfig.load('tiny').optim.total_steps)\n"
@@ -144,7 +144,7 @@ def test_the_unpacked_wheel_finds_its_recipes_by_name_and_by_checkout_path_outsi
 
 
 def test_a_recipe_path_that_exists_wins_over_a_shipped_name(tmp_path, monkeypatch):
-    from services.run.config import RunConfig
+    from services.rundir.config import RunConfig
 
     (tmp_path / "tiny").write_text('[run]\nname = "mine"\n')
     monkeypatch.chdir(tmp_path)
@@ -156,7 +156,7 @@ def test_a_recipe_path_that_exists_wins_over_a_shipped_name(tmp_path, monkeypatc
 def test_a_shipped_recipe_name_submits_from_any_working_directory(tmp_path):
     """The job finds its own copy of a shipped recipe, so `albert submit pretrain --config tiny` needs no recipe
     file inside the uploaded directory (a relative path outside it is still refused)."""
-    from albert_core.config import ConfigError
+    from albert_core.model.config import ConfigError
     from services.jobs.checks import prepare_job_args
 
     args, _ = prepare_job_args("pretrain", ["--config", "tiny"], tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from albert_core.pairs import (
+from albert_core.examples.pairs import (
     IGNORE_LABEL,
     PairConfig,
     PairExample,

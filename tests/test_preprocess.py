@@ -15,17 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from albert_core.corpus import CorpusError, Document, read_documents
-from albert_core.evaluation import read_heldout
-from albert_core.pairs import IGNORE_LABEL
-from albert_core.sentences import split_sentences
-from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR, document_hash
-from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.evaluation.intrinsic import read_heldout
+from albert_core.examples.pairs import IGNORE_LABEL
+from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR, document_hash
+from albert_core.text.corpus import CorpusError, Document, read_documents
+from albert_core.text.sentences import split_sentences
+from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.preprocess.cli import register
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
+from services.preprocess.pipeline import run_preprocess, stream_examples
 from services.preprocess.plan import list_input_files
-from services.preprocess.run import run_preprocess, stream_examples
 from services.preprocess.unit import preprocess_sentences
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"

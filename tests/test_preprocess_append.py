@@ -18,8 +18,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.shards import HELDOUT_FILE, MANIFEST_FILE, ShardsManifest
-from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
+from albert_core.examples.shards import HELDOUT_FILE, MANIFEST_FILE, ShardsManifest
+from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.cli import build_parser, main
 from services.cluster import build_entrypoint, split_submit_args
 from services.jobs.checks import prepare_job_args
@@ -27,7 +27,7 @@ from services.preprocess.cli import plan_from_args
 from services.preprocess.cli import register as add_preprocess_command
 from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.manifest import part_checksum, stored_parts
-from services.preprocess.run import run_preprocess
+from services.preprocess.pipeline import run_preprocess
 from services.preprocess.unit import write_unit
 from services.terminal import EXIT_DATA, EXIT_USAGE
 

@@ -17,17 +17,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.config import ConfigError
-from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
-from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
+from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
+from albert_core.model.config import ConfigError
+from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.cli import main
 from services.preprocess.checks import NoExamplesError
 from services.preprocess.cli import config_from_args
 from services.preprocess.cli import register as add_preprocess_command
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
-from services.preprocess.run import run_preprocess
-from services.run.config import RunConfig
+from services.preprocess.pipeline import run_preprocess
+from services.rundir.config import RunConfig
 from services.terminal import EXIT_DATA
 from services.train.plan import plan_data
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.shards import HELDOUT_FILE, MANIFEST_FILE
-from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
+from albert_core.examples.shards import HELDOUT_FILE, MANIFEST_FILE
+from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.data.synthetic import distinct_documents, write_jsonl, write_multistream_dump
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
-from services.preprocess.run import run_preprocess
+from services.preprocess.pipeline import run_preprocess
 from services.preprocess.unit import UnitTransform
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def test_one_compressed_file_is_fanned_out_to_every_worker(ray_local, shapes, to
 
 def test_held_out_documents_are_written_in_batches_as_they_come(tokenizer, docs, tmp_path, monkeypatch):
     """A unit holds at most a group of documents and a batch of held-out ones, whatever its size."""
-    from albert_core.tokenization import Tokenizer
+    from albert_core.text.tokenization import Tokenizer
     from services.preprocess import unit as unit_module
     from services.preprocess.config import InputFile, Unit
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from albert_core.downstream import DataFormatError
-from albert_core.downstream.race import RaceExample, race_choices, race_inputs, read_race
+from albert_core.finetune.tasks import DataFormatError
+from albert_core.finetune.tasks.race import RaceExample, race_choices, race_inputs, read_race
 
 CLS, SEP = 2, 3
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from albert_core.config import ConfigError
+from albert_core.model.config import ConfigError
 from services.experiments.spec import ExperimentSpec, cell_config
-from services.run.config import RunConfig, parse_sets, resolve_config_path
+from services.rundir.config import RunConfig, parse_sets, resolve_config_path
 
 TINY = tomllib.loads(resolve_config_path("tiny").read_text())
 
@@ -156,7 +156,7 @@ def test_a_spec_with_an_unknown_field_names_the_valid_ones_and_the_spec():
 
 
 def test_config_show_prints_the_resolved_recipe_as_toml_that_loads_back_to_the_same_config(capsys, tmp_path):
-    from albert_core.config import count_parameters
+    from albert_core.model.config import count_parameters
     from services.cli import main
 
     sets = ["model.overrides.position_bias=none", "run.name=2024", "data.mixture={a = 1}", "data.follow=true"]
@@ -170,7 +170,7 @@ def test_config_show_prints_the_resolved_recipe_as_toml_that_loads_back_to_the_s
 
 
 def test_config_show_counts_the_parameters_with_the_shard_sets_vocabulary(capsys, tmp_path):
-    from albert_core.config import count_parameters
+    from albert_core.model.config import count_parameters
     from services.cli import main
 
     (tmp_path / "manifest.json").write_text('{"vocab_size": 96}')
@@ -243,7 +243,7 @@ def test_dry_run_refuses_what_the_run_would_refuse(capsys, tmp_path, shards):
 def started_run(tmp_path, shards):
     """A run directory as a started run leaves it: coordinator.json (the ledger's, with the config of record) and a
     checkpoint directory."""
-    from services.run.ledger import RunLedger
+    from services.rundir.ledger import RunLedger
 
     config = RunConfig.load(
         "tiny",
@@ -256,7 +256,7 @@ def started_run(tmp_path, shards):
 
 
 def test_a_resume_that_changes_the_model_or_the_optimizer_is_refused_naming_each_field_with_both_values(started_run):
-    from services.run.resume import check_resume_changes
+    from services.rundir.resume import check_resume_changes
 
     changed = RunConfig.load(
         "tiny",
@@ -275,7 +275,7 @@ def test_a_resume_that_changes_the_model_or_the_optimizer_is_refused_naming_each
 
 
 def test_the_schedule_step_budget_evaluation_and_worker_layout_may_change_without_asking(started_run):
-    from services.run.resume import check_resume_changes
+    from services.rundir.resume import check_resume_changes
 
     safe = {
         "optim.total_steps": 8000, "optim.warmup_steps": 20, "optim.decay_steps": 2000, "eval.every_steps": 250,
@@ -290,7 +290,7 @@ def test_the_schedule_step_budget_evaluation_and_worker_layout_may_change_withou
 def test_the_same_shard_set_written_another_way_or_moved_is_no_change(started_run, tmp_path, monkeypatch):
     import shutil
 
-    from services.run.resume import check_resume_changes
+    from services.rundir.resume import check_resume_changes
 
     shards = Path(started_run.data.shards)
     base = {"run.output_dir": started_run.run.output_dir, "run.name": "r", "optim.warmup_steps": 10}
@@ -305,7 +305,7 @@ def test_the_same_shard_set_written_another_way_or_moved_is_no_change(started_ru
 
 
 def test_an_unknown_field_in_allow_config_change_names_the_sections(started_run):
-    from services.run.resume import check_resume_changes
+    from services.rundir.resume import check_resume_changes
 
     with pytest.raises(ConfigError, match="--allow-config-change optim.learning_rate: not a field"):
         check_resume_changes(started_run.run_dir, started_run, ["optim.learning_rate"])
@@ -332,8 +332,8 @@ def test_a_resume_under_another_config_warns_on_the_console_through_the_runs_eve
     pass worker logs to the console)."""
     from types import SimpleNamespace
 
-    from albert_core.tokenization import TokenIds
-    from services.run.report import event_lines
+    from albert_core.text.tokenization import TokenIds
+    from services.rundir.report import event_lines
     from services.train import worker as loop
     from services.train.plan import ShardSet, WorkerPlan
     from services.train.state import TrainerState
@@ -371,7 +371,7 @@ def test_the_tiny_recipe_carries_its_fine_tuning_defaults_and_the_papers_recipes
 
 
 def test_the_fine_tuning_defaults_are_not_part_of_a_pretraining_cells_fingerprint():
-    from services.experiments.run import cell_fingerprint
+    from services.experiments.cells import cell_fingerprint
 
     one, other = spec(), spec(set={"finetune.lr": 0.01})
     (cell,) = one.expand()
@@ -408,7 +408,7 @@ def test_finetune_takes_the_recipe_defaults_of_the_checkpoints_run_where_the_com
 
 
 def test_a_model_outside_a_pretraining_run_fine_tunes_with_the_tasks_recipe(tmp_path, monkeypatch):
-    from services.finetune.run import recipe_defaults
+    from services.finetune.seeds import recipe_defaults
 
     (tmp_path / "model").mkdir()
     assert recipe_defaults(tmp_path / "model") is None
@@ -417,7 +417,7 @@ def test_a_model_outside_a_pretraining_run_fine_tunes_with_the_tasks_recipe(tmp_
 def test_evaluations_of_a_runs_checkpoints_fine_tune_with_its_recipe_defaults(run_checkpoint, tmp_path, monkeypatch):
     """albert eval run --task, evaluation schedules and the run's own eval.tasks all go through downstream_metrics."""
     from services.eval import evaluate
-    from services.finetune import run as finetune_run
+    from services.finetune import seeds as finetune_run
 
     seen = []
 
@@ -436,7 +436,7 @@ def test_evaluations_of_a_runs_checkpoints_fine_tune_with_its_recipe_defaults(ru
 def test_a_run_started_before_recipes_had_fine_tuning_defaults_resumes_without_asking(started_run):
     import json
 
-    from services.run.resume import check_resume_changes
+    from services.rundir.resume import check_resume_changes
 
     state = started_run.run_dir / "coordinator.json"
     recorded = json.loads(state.read_text())

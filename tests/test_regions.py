@@ -1,4 +1,4 @@
-"""albert_core.regions and corpus.read_region: a big file read in regions (or as a stream cut into chunks) yields
+"""albert_core.text.regions and corpus.read_region: a big file read in regions (or as a stream cut into chunks) yields
 exactly the documents of reading it whole, in order, whatever the region size."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.corpus import Document, Region, Skip, read_documents, read_region
-from albert_core.regions import cut_points, first_cut, index_of, is_index, plan_file, stream_chunks
+from albert_core.text.corpus import Document, Region, Skip, read_documents, read_region
+from albert_core.text.regions import cut_points, first_cut, index_of, is_index, plan_file, stream_chunks
 from services.data.synthetic import distinct_documents, write_jsonl, write_multistream_dump
 
 PARAGRAPHS = [

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from services.run.log import read_metrics
-from services.run.report import LiveView, write_report
+from services.rundir.log import read_metrics
+from services.rundir.report import LiveView, write_report
 
 
 def _write(run_dir, records):

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from albert_core.config import ConfigError
-from services.run.config import RunConfig
-from services.run.log import read_metrics
+from albert_core.model.config import ConfigError
+from services.rundir.config import RunConfig
+from services.rundir.log import read_metrics
 from services.train.worker import STOP_ENV
 from tests.test_faults import Fault, cluster, read_trace, shards, train_traced  # noqa: F401
 from tests.test_train import run_config

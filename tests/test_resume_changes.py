@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from albert_core.tokenization import TokenIds
-from services.run.config import RunConfig
+from albert_core.text.tokenization import TokenIds
+from services.rundir.config import RunConfig
 from services.train import worker as loop
 from services.train.plan import ShardSet, WorkerPlan
 from services.train.state import TrainerState

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from albert_core.corpus import FILTER_REASONS, Document, Skip, read_documents
+from albert_core.text.corpus import FILTER_REASONS, Document, Skip, read_documents
 from services.data import sample as sample_data
 from services.data.sample import SampleDataError, assemble_sample_corpus
 

@@ -24,12 +24,12 @@ import ray
 from services import cluster
 from services.cli import main
 from services.eval.schedule import Scheduler, run_config_of, start_runner
-from services.run import log as run_log
-from services.run import schedules
-from services.run.checkpoints import FORMAT, VERSION
-from services.run.config import RunConfig
-from services.run.ledger import RunLedger
-from services.run.schedules import RESULT_KIND, ScheduleSpec
+from services.rundir import log as run_log
+from services.rundir import schedules
+from services.rundir.checkpoints import FORMAT, VERSION
+from services.rundir.config import RunConfig
+from services.rundir.ledger import RunLedger
+from services.rundir.schedules import RESULT_KIND, ScheduleSpec
 from services.terminal import EXIT_DATA, EXIT_USAGE
 from services.train.driver import run_pretraining
 from tests.test_coordinator import flip_a_bit, write_checkpoint
@@ -297,7 +297,7 @@ def test_a_complete_schedule_holds_no_checkpoint_and_shows_in_the_run_status(sch
 
 @pytest.mark.ray
 def test_the_report_plots_the_schedules_results(scheduled_run):
-    from services.run.report import write_report
+    from services.rundir.report import write_report
 
     run_dir, _, _ = scheduled_run
     report = write_report(run_dir).read_text()

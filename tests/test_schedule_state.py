@@ -1,4 +1,4 @@
-"""An evaluation schedule's durable state (services.run.schedules): no Ray, real files."""
+"""An evaluation schedule's durable state (services.rundir.schedules): no Ray, real files."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import multiprocessing
 
 import pytest
 
-from services.run import log as run_log
-from services.run import schedules
-from services.run.schedules import RESULT_KIND, ScheduleSpec, ScheduleState
+from services.rundir import log as run_log
+from services.rundir import schedules
+from services.rundir.schedules import RESULT_KIND, ScheduleSpec, ScheduleState
 
 
 def spec(name: str = "every-10", every: int = 10, **fields) -> ScheduleSpec:

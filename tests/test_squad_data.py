@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from albert_core.downstream import DataFormatError
-from albert_core.downstream.squad import (
+from albert_core.evaluation.metrics import squad_scores
+from albert_core.finetune.tasks import DataFormatError
+from albert_core.finetune.tasks.squad import (
     SquadExample,
     decode_predictions,
     make_features,
@@ -23,7 +24,6 @@ from albert_core.downstream.squad import (
     whitespace_words,
     write_squad_predictions,
 )
-from albert_core.metrics import squad_scores
 
 FIXTURE = Path(__file__).parent / "fixtures" / "squad_v1_allennlp.json"
 PAD, CLS, SEP = 0, 2, 3

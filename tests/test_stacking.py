@@ -1,4 +1,4 @@
-"""Progressive stacking (albert_core.stacking): which source layer each deep layer gets, what the stacked model
+"""Progressive stacking (albert_core.model.stacking): which source layer each deep layer gets, what the stacked model
 computes, the errors, and a real pretraining run that starts from stacked weights (model.init_from)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from albert_core.checkpoint import save_model, state_dict_of
-from albert_core.config import AlbertConfig, ConfigError
-from albert_core.model import AlbertForPreTraining
-from albert_core.shards import write_random_shards
-from albert_core.stacking import block_map, check_init_source, load_stacked, stack_layers
-from services.run.config import RunConfig
+from albert_core.examples.shards import write_random_shards
+from albert_core.model.checkpoint import save_model, state_dict_of
+from albert_core.model.config import AlbertConfig, ConfigError
+from albert_core.model.modeling import AlbertForPreTraining
+from albert_core.model.stacking import block_map, check_init_source, load_stacked, stack_layers
+from services.rundir.config import RunConfig
 
 WIDTHS = dict(
     vocab_size=120,
@@ -292,7 +292,7 @@ def test_continue_from_init_needs_a_training_checkpoint(tmp_path, shards):
 def test_continue_from_init_reads_on_where_the_source_run_stopped(ray_local, tmp_path, shards):
     """16 rows, 8 per step. The source stopped after 8 examples; the stacked run's one step reads the other 8 and so
     ends the epoch, where a run without the option would still be in epoch 0."""
-    from services.run.checkpoints import read_trainer_json
+    from services.rundir.checkpoints import read_trainer_json
     from services.train.driver import run_pretraining
 
     shallow = trained_like(config(2).replace(vocab_size=VOCAB))

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from albert_core.files import HeldLock
-from albert_core.tokenization import TokenizerTrainConfig, train_tokenizer
+from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.preprocess.layout import PROGRESS_DIR, Layout
-from services.run.log import read_metrics
+from services.rundir.log import read_metrics
 from services.train.driver import run_pretraining
 from services.train.worker import TRACE_ENV
 from tests.test_faults import FIXTURE, cluster, read_trace, shards, wait_for, write_corpus  # noqa: F401 (fixtures)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from albert_core.tokenization import (
+from albert_core.text.tokenization import (
     Tokenizer,
     TokenizerTrainConfig,
     is_word_start_piece,

@@ -12,15 +12,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from albert_core.config import AlbertConfig, ConfigError
-from albert_core.model import AlbertForPreTraining, compile_backbone
+from albert_core.examples.pairs import order_draw, reorder_pair
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
+from albert_core.model.config import AlbertConfig, ConfigError
+from albert_core.model.modeling import AlbertForPreTraining, compile_backbone
 from albert_core.optim import make_optimizer, make_scheduler
-from albert_core.pairs import order_draw, reorder_pair
-from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
-from albert_core.tokenization import TokenIds, Tokenizer, TokenizerTrainConfig, train_tokenizer
-from services.run.checkpoints import latest_good, list_checkpoints, verify
-from services.run.config import RunConfig
-from services.run.log import read_metrics
+from albert_core.text.tokenization import TokenIds, Tokenizer, TokenizerTrainConfig, train_tokenizer
+from services.rundir.checkpoints import latest_good, list_checkpoints, verify
+from services.rundir.config import RunConfig
+from services.rundir.log import read_metrics
 from services.train.driver import run_pretraining
 from services.train.plan import plan_data, resolve_token_ids
 from services.train.step import accumulate_gradients, make_micro_batch, train_step

@@ -8,11 +8,11 @@ import logging
 import pytest
 import torch
 
-from albert_core.config import AlbertConfig
 from albert_core.files import CHECKSUM_FILE as MANIFEST_FILE
-from albert_core.model import AlbertForPreTraining
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
-from services.run.checkpoints import (
+from services.rundir.checkpoints import (
     OPTIMIZER_FILE,
     TRAINER_FILE,
     checkpoint_dir,

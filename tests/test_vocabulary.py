@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from albert_core.checkpoint import save_model
-from albert_core.config import AlbertConfig
-from albert_core.model import AlbertForPreTraining
-from albert_core.shards import HELDOUT_FILE, HELDOUT_SCHEMA
-from albert_core.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
-from albert_core.vocabulary import VocabularyMismatch, check_heldout_fits, check_tokenizer_fits
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA
+from albert_core.model.checkpoint import save_model
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
+from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.text.vocabulary import VocabularyMismatch, check_heldout_fits, check_tokenizer_fits
 from services.cli import main
 from services.terminal import EXIT_DATA
 
@@ -82,14 +82,14 @@ def nothing_slow_starts(monkeypatch):
     """Fail the test if the model is loaded, fine-tuning starts or Ray starts."""
     import ray
 
-    import albert_core.finetuning
+    import albert_core.finetune.finetuning
     import services.eval.evaluate
 
     def started(*args, **kwargs):
         raise AssertionError("a slow start-up ran before the vocabulary was checked")
 
     monkeypatch.setattr(services.eval.evaluate, "_load", started)
-    monkeypatch.setattr(albert_core.finetuning, "finetune", started)
+    monkeypatch.setattr(albert_core.finetune.finetuning, "finetune", started)
     monkeypatch.setattr(ray, "init", started)
 
 

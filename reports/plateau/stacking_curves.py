@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from services.run.log import read_metrics
+from services.rundir.log import read_metrics
 
 WINDOW = 50
 PATHS = {  # label -> [(cell, step offset), ...]

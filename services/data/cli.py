@@ -18,7 +18,7 @@ def cmd_data_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    from albert_core.tokenization import Tokenizer, TokenizerTrainConfig
+    from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig
     from services.data.tokenizer import train_on_corpus
 
     config = TokenizerTrainConfig(

@@ -23,7 +23,7 @@ from xml.sax.saxutils import escape
 
 import numpy as np
 
-from albert_core.corpus import Document, list_inputs, read_documents
+from albert_core.text.corpus import Document, list_inputs, read_documents
 
 PAGES_PER_STREAM = 100  # as Wikipedia's multistream dumps
 MAX_PARAGRAPH_CHARS = 8000  # longer source paragraphs (a speech without blank lines) are cut at sentence ends

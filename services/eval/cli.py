@@ -1,6 +1,6 @@
 """`albert eval run` (a checkpoint's held-out metrics, services.eval.evaluate) and `albert eval schedule | list |
-cancel` (evaluation schedules on a run: services.eval.schedule, services.run.schedules). `albert evaluate CHECKPOINT`,
-the old spelling of `eval run`, still works with a deprecation line.
+cancel` (evaluation schedules on a run: services.eval.schedule, services.rundir.schedules). `albert evaluate
+CHECKPOINT`, the old spelling of `eval run`, still works with a deprecation line.
 
 Every argument is checked before Ray starts (a bad one is one line naming it: exit 2 for options that conflict, 65
 for a bad value or path; services.terminal). `schedule` creates the
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from albert_core.shards import HELDOUT_FILE
-from services.run import schedules
-from services.run.schedules import RESULT_KIND, ScheduleSpec
+from albert_core.examples.shards import HELDOUT_FILE
+from services.rundir import schedules
+from services.rundir.schedules import RESULT_KIND, ScheduleSpec
 from services.terminal import EXIT_FAILED, UsageError
 
 
@@ -87,7 +87,7 @@ def default_name(every: int, tasks: list[str], heldout: str | None) -> str:
 def cmd_eval_schedule(args: argparse.Namespace) -> int:
     from services.cluster import connect
     from services.eval.schedule import Scheduler, runner_name, start_runner
-    from services.finetune.run import recipe_defaults
+    from services.finetune.seeds import recipe_defaults
 
     run_dir, spec = schedule_spec(args)  # every check before Ray starts
     state, created = schedules.create_or_attach(run_dir, spec)
@@ -114,7 +114,7 @@ def cmd_eval_schedule(args: argparse.Namespace) -> int:
 
 def follow(run_dir: Path, name: str, runner: Any, *, poll_s: float) -> int:
     """Print the schedule's results as they are appended, until it is complete or cancelled or its runner fails."""
-    from services.run import log as run_log
+    from services.rundir import log as run_log
 
     stop, error = threading.Event(), []
     threading.Thread(target=_watch, args=(run_dir, name, runner, stop, error, poll_s), daemon=True).start()

@@ -1,8 +1,8 @@
 """Evaluation of checkpoints: the intrinsic evaluator actor, a plain function for `albert evaluate`, and the
 registry downstream tasks plug into.
 
-Intrinsic metrics (MLM / SOP / NSP accuracy on held-out documents) come from `albert_core.evaluation`; this module
-only loads the checkpoint and the held-out file and, in Ray, runs that on its own CPU.
+Intrinsic metrics (MLM / SOP / NSP accuracy on held-out documents) come from `albert_core.evaluation.intrinsic`; this
+module only loads the checkpoint and the held-out file and, in Ray, runs that on its own CPU.
 
 Downstream tasks are the fine-tuning tasks of services.finetune (GLUE, SQuAD, RACE, polarity, custom), each a
 (checkpoint_dir, data_dir) -> metrics function in DOWNSTREAM_TASKS; `evaluate_checkpoint(..., tasks=[...])` runs
@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from services.run.config import RunConfig
+from services.rundir.config import RunConfig
 
 # torch is imported where evaluation runs (inside the functions below), not here: the coordinator imports this
 # module for the actor class and its options and stays a light process that (re)starts in a second.
 if TYPE_CHECKING:
     from torch import nn
 
-    from albert_core.evaluation import HeldoutDocument, TokenIds
-    from albert_core.unigram import UnigramBaseline
+    from albert_core.evaluation.intrinsic import HeldoutDocument, TokenIds
+    from albert_core.evaluation.unigram import UnigramBaseline
 
 TRAINER_STATE_FILE = "trainer.json"  # written beside the weights by services/train/state.py; holds the step
 log = logging.getLogger(__name__)
@@ -71,8 +71,8 @@ class UnknownTask(ValueError):
 
 
 def register_finetune_tasks() -> None:
-    """The fine-tuning tasks of services.finetune.run (GLUE, SQuAD, RACE, polarity): median dev metrics over seeds."""
-    from services.finetune.run import TASKS, downstream_evaluator
+    """The fine-tuning tasks of services.finetune.seeds (GLUE, SQuAD, RACE, polarity): median dev metrics over seeds."""
+    from services.finetune.seeds import TASKS, downstream_evaluator
 
     for task in TASKS:
         DOWNSTREAM_TASKS.setdefault(task, downstream_evaluator(task))
@@ -98,7 +98,7 @@ def downstream_metrics(
     """One downstream task's metrics for a checkpoint; seeds / max_steps (0: the task's protocol) shape the
     built-in fine-tuning tasks, which also take the fine-tuning defaults of the checkpoint's recipe ([finetune] of
     its run: lr, max_steps, pooling; max_steps given here wins)."""
-    from services.finetune.run import TASKS, downstream_evaluator, recipe_defaults
+    from services.finetune.seeds import TASKS, downstream_evaluator, recipe_defaults
 
     if task not in TASKS:
         return DOWNSTREAM_TASKS[task](str(checkpoint), data_dir)
@@ -161,7 +161,7 @@ def evaluate_model(
 ) -> dict[str, float | int]:
     """Intrinsic metrics of a loaded model (token ids default to the ALBERT layout at the model's vocab size);
     with `unigram`, also the floor on the same masked positions and the margin over it."""
-    from albert_core.evaluation import TokenIds, intrinsic_metrics
+    from albert_core.evaluation.intrinsic import TokenIds, intrinsic_metrics
 
     token_ids = token_ids or TokenIds(vocab_size=model.config.vocab_size)
     return intrinsic_metrics(
@@ -195,8 +195,8 @@ def evaluate_checkpoint(
     Returns {"step", "checkpoint", "time", "seconds", mlm_acc, mlm_loss, sop_acc, nsp_acc, counts...} and, when
     tasks are given, "tasks": {task: metrics}.
     """
-    from albert_core.evaluation import read_heldout
-    from albert_core.vocabulary import check_heldout_fits
+    from albert_core.evaluation.intrinsic import read_heldout
+    from albert_core.text.vocabulary import check_heldout_fits
 
     task_data = task_data or {}
     check_tasks(tasks, task_data)
@@ -231,7 +231,7 @@ class IntrinsicEvaluator:
         """downstream: {"tasks": [...], "task_data": {task: dir}, "seeds": n, "max_steps": n} (eval.* of the run)."""
         import torch
 
-        from albert_core.evaluation import read_heldout
+        from albert_core.evaluation.intrinsic import read_heldout
 
         torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 0))))
         self.heldout_path = heldout_path
@@ -265,7 +265,7 @@ def unigram_beside(heldout_path: str | Path, vocab_size: int, version: int | Non
     """The unigram baseline of the shard set a held-out file belongs to (<shards>/heldout/documents.parquet), of
     the version the checkpoint trained on (None, or a set that kept no counts of that version: the newest), when it
     has been counted and fits the model's vocabulary."""
-    from albert_core.unigram import UnigramBaseline, stored_file
+    from albert_core.evaluation.unigram import UnigramBaseline, stored_file
 
     shards = Path(heldout_path).resolve().parent.parent
     stored = (version is not None and stored_file(shards, version)) or stored_file(shards)
@@ -279,8 +279,8 @@ def unigram_beside(heldout_path: str | Path, vocab_size: int, version: int | Non
 
 
 def _load(path: str | Path) -> nn.Module:
-    from albert_core.checkpoint import load_model
-    from albert_core.model import AlbertForPreTraining
+    from albert_core.model.checkpoint import load_model
+    from albert_core.model.modeling import AlbertForPreTraining
 
     return load_model(path, AlbertForPreTraining)
 

@@ -1,6 +1,6 @@
 """Evaluation schedules on Ray: the scheduler loop and the detached actor that runs it.
 
-A schedule (its state: services.run.schedules) is run by one `Scheduler` at a time (the schedule's run lock). The
+A schedule (its state: services.rundir.schedules) is run by one `Scheduler` at a time (the schedule's run lock). The
 loop looks at the run directory every `poll_s`: the checkpoints on disk (`<run_dir>/checkpoints/step_*`), the
 checkpoints the run's log says were saved (so that one deleted before the schedule saw it is named missing, never
 skipped silently), and whether the run is finished. It evaluates the oldest due checkpoint on an
@@ -29,12 +29,12 @@ from ray.exceptions import RayError, RayTaskError
 from albert_core.files import CorruptCheckpoint
 from services import RAY_NAMESPACE
 from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, evaluator_slots, options_dict
-from services.run import log as run_log
-from services.run import schedules
-from services.run.checkpoints import CHECKPOINTS_DIR, list_checkpoints, verify_checkpoint
-from services.run.config import RunConfig
-from services.run.ledger import STATE_FILE, LedgerState
-from services.run.schedules import RESULT_KIND, ScheduleSpec, ScheduleState, checkpoint_identity
+from services.rundir import log as run_log
+from services.rundir import schedules
+from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints, verify_checkpoint
+from services.rundir.config import RunConfig
+from services.rundir.ledger import STATE_FILE, LedgerState
+from services.rundir.schedules import RESULT_KIND, ScheduleSpec, ScheduleState, checkpoint_identity
 
 log = logging.getLogger(__name__)
 MAX_EVALUATOR_DEATHS = 2  # relaunches of an evaluator that died on the same checkpoint
@@ -101,7 +101,7 @@ def run_finished(newest: str | None, config: RunConfig) -> bool:
     """The run's newest checkpoint is its last: optim.total_steps reached or train.max_seconds spent."""
     if newest is None:
         return False
-    from services.run.checkpoints import read_trainer_json
+    from services.rundir.checkpoints import read_trainer_json
 
     try:
         state = read_trainer_json(newest)["state"]

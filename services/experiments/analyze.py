@@ -2,7 +2,7 @@
 
 For each checkpoint (ours or transformers', ALBERT or BERT-style), the mean L2 distance and cosine similarity
 between every layer's input and output over the real tokens of held-out inputs
-(`albert_core.analysis.layer_transitions`), written as layers.csv and layers.png (one line per checkpoint).
+(`albert_core.evaluation.analysis.layer_transitions`), written as layers.csv and layers.png (one line per checkpoint).
 The inputs are either a held-out Parquet file from `albert preprocess` (`<shards>/heldout/documents.parquet`:
 unmasked `[CLS] A [SEP] B [SEP]` pairs of consecutive segments, token ids of the shards' tokenizer, which every
 checkpoint must share) or a plain text file (paragraphs separated by blank lines, each checkpoint reading it with
@@ -15,14 +15,14 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from albert_core.config import ConfigError
 from albert_core.files import atomic_write_csv
-from services.run.config import RunConfig
+from albert_core.model.config import ConfigError
+from services.rundir.config import RunConfig
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from albert_core.tokenization import TokenIds
+    from albert_core.text.tokenization import TokenIds
 
 LAYERS_CSV = "layers.csv"
 LAYERS_PNG = "layers.png"
@@ -50,7 +50,7 @@ def _text_sequences(
 ) -> tuple[list[list[int]], int]:
     """[CLS] paragraph [SEP] token ids and the pad id, with the checkpoint's own tokenizer (spiece.model,
     tokenizer.json or vocab.txt in its directory), else with `tokenizer` (a spiece.model)."""
-    from albert_core.tokenization import MODEL_FILE, Tokenizer
+    from albert_core.text.tokenization import MODEL_FILE, Tokenizer
 
     if (checkpoint / "tokenizer.json").is_file() or (checkpoint / "vocab.txt").is_file():
         from transformers import AutoTokenizer
@@ -73,8 +73,8 @@ def _heldout_sequences(
     heldout: Path, tokenizer: str | None, max_seq_length: int, max_examples: int, seed: int
 ) -> tuple[list[list[int]], list[list[int]], int, int]:
     """Unmasked consecutive-segment pairs from held-out documents: (ids, token types, pad id, vocab size)."""
-    from albert_core.evaluation import read_heldout
-    from albert_core.tokenization import TokenIds, Tokenizer
+    from albert_core.evaluation.intrinsic import read_heldout
+    from albert_core.text.tokenization import TokenIds, Tokenizer
     from services.train.plan import resolve_token_ids
 
     if tokenizer:
@@ -96,7 +96,7 @@ def _pair_sequences(
     documents: list, ids: TokenIds, max_seq_length: int, max_examples: int, seed: int
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Unmasked consecutive-segment pairs of documents (sentences of token ids): (ids, token types)."""
-    from albert_core.analysis import document_pairs
+    from albert_core.evaluation.analysis import document_pairs
 
     examples = document_pairs(documents, objective="none", max_seq_length=max_seq_length, seed=seed,
                               cls_id=ids.cls_id, sep_id=ids.sep_id, max_examples=max_examples)  # fmt: skip
@@ -115,7 +115,7 @@ def heldout_transitions(
 ) -> list[dict[str, float]]:
     """layer_transitions of `model` over unmasked pairs of held-out documents (sentences of token ids, `ids` their
     tokenizer's special ids), as `analyze layers` measures a shard set's held-out file."""
-    from albert_core.analysis import layer_transitions, pad_batches
+    from albert_core.evaluation.analysis import layer_transitions, pad_batches
 
     sequences, types = _pair_sequences(documents, ids, max_seq_length, max_examples, seed)
     if not sequences:
@@ -137,9 +137,9 @@ def analyze_layers(
     seed: int = 12345,
 ) -> dict[str, Any]:
     """Figure 1 for each checkpoint: writes out_dir/layers.csv and layers.png; returns {"csv", "png", "rows"}."""
-    from albert_core.analysis import layer_transitions, pad_batches
-    from albert_core.checkpoint import load_model
-    from albert_core.model import AlbertModel
+    from albert_core.evaluation.analysis import layer_transitions, pad_batches
+    from albert_core.model.checkpoint import load_model
+    from albert_core.model.modeling import AlbertModel
 
     if not checkpoints:
         raise ValueError("analyze layers: give at least one checkpoint directory")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def cmd_experiment_run(args: Namespace) -> int:
-    from services.experiments.run import RESULTS_CSV, run_experiment, write_tables
+    from services.experiments.cells import RESULTS_CSV, run_experiment, write_tables
     from services.experiments.spec import ExperimentSpec
 
     spec = ExperimentSpec.load(args.spec)
@@ -28,7 +28,7 @@ def cmd_experiment_run(args: Namespace) -> int:
 
 
 def cmd_experiment_table(args: Namespace) -> int:
-    from services.experiments.run import write_tables
+    from services.experiments.cells import write_tables
     from services.experiments.spec import ExperimentSpec
 
     spec = ExperimentSpec.load(args.spec)
@@ -38,13 +38,13 @@ def cmd_experiment_table(args: Namespace) -> int:
 
 
 def _print_plan(spec: ExperimentSpec) -> int:
-    from albert_core.config import count_parameters
-    from services.experiments.run import finished_result
+    from albert_core.model.config import count_parameters
+    from services.experiments.cells import finished_result
     from services.experiments.spec import cell_config
 
     vocab = 30000  # when neither the recipe nor a tokenizer says
     if spec.preprocess is not None and Path(spec.preprocess.tokenizer).exists():
-        from albert_core.tokenization import Tokenizer
+        from albert_core.text.tokenization import Tokenizer
 
         vocab = Tokenizer.load(spec.preprocess.tokenizer).vocab_size
     for cell in spec.expand():
@@ -56,8 +56,8 @@ def _print_plan(spec: ExperimentSpec) -> int:
 
 
 def cmd_experiment_report(args: Namespace) -> int:
+    from services.experiments.cells import run_experiment
     from services.experiments.report import write_report
-    from services.experiments.run import run_experiment
     from services.experiments.spec import ExperimentSpec
 
     specs = [ExperimentSpec.load(path) for path in args.specs]  # every spec validated before anything runs

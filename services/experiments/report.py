@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from albert_core.files import atomic_write_bytes
-from services.experiments.run import METRIC_COLUMNS, RESULTS_CSV, collect_results, write_tables
+from services.experiments.cells import METRIC_COLUMNS, RESULTS_CSV, collect_results, write_tables
 from services.experiments.spec import ExperimentSpec, cell_config
 from services.experiments.stats import claims_markdown, format_difference, group_results, judge, summary_markdown
 

@@ -1,7 +1,7 @@
 """Experiment specs (configs/experiments/*.toml): the grid of cells, and each cell's RunConfig and preprocess options.
 
 docs/experiments.md describes the format. Building a spec builds and validates every cell's RunConfig, so errors
-surface before anything runs; `services.experiments.run` runs the cells.
+surface before anything runs; `services.experiments.cells` runs the cells.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_core.config import ConfigError
-from services.run.config import RunConfig, merge_fields, resolve_config_path
+from albert_core.model.config import ConfigError
+from services.rundir.config import RunConfig, merge_fields, resolve_config_path
 
 RUNS_DIR = "runs"
-# What a finished cell measures (services.experiments.run.evaluate_cell), the metrics tables and claims can name.
+# What a finished cell measures (services.experiments.cells.evaluate_cell), the metrics tables and claims can name.
 RESULT_METRICS = (
     "mlm_acc", "mlm_loss", "sop_acc", "nsp_acc", "sop_probe", "nsp_probe", "l2_roughness", "cosine_roughness",
 )  # fmt: skip
@@ -28,7 +28,7 @@ RESULT_METRICS = (
 
 @dataclass
 class PreprocessSpec:
-    """How the shards of every cell are built (services.preprocess.run.PreprocessConfig fields)."""
+    """How the shards of every cell are built (services.preprocess.pipeline.PreprocessConfig fields)."""
 
     inputs: list[str]
     tokenizer: str
@@ -316,6 +316,6 @@ def init_source(spec: ExperimentSpec, cell: Cell) -> Cell | None:
 
 def final_checkpoint(config: RunConfig) -> Path:
     """`<run_dir>/checkpoints/step_<total_steps>`: where a finished run's last checkpoint is (services.train.state)."""
-    from services.run.checkpoints import checkpoint_dir
+    from services.rundir.checkpoints import checkpoint_dir
 
     return checkpoint_dir(config.run_dir / "checkpoints", config.optim.total_steps)

@@ -1,7 +1,7 @@
 """`albert finetune`: its flags and handler. One run in this process (a step progress bar), or seeds as Ray tasks
-(services.finetune.run); each seed's line and the summary table (services.finetune.console); after Ctrl-C the
+(services.finetune.seeds); each seed's line and the summary table (services.finetune.console); after Ctrl-C the
 partial summary and exit status 130. For `--task custom` the user's tables are read and checked before Ray starts
-(albert_core.downstream.custom_splits)."""
+(albert_core.finetune.tasks.custom_splits)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.finetune.run import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
+from services.finetune.seeds import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
 from services.terminal import EXIT_INTERRUPTED, UsageError, interrupted_line, interrupted_status, printable, start_ray
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Pa
         if not args.data:
             raise UsageError(f"albert finetune: --task {task} needs --data (the task's data folder)")
         return args.data
-    from albert_core.downstream.custom_splits import CustomDataConfig, load_custom_splits, split_files
+    from albert_core.finetune.tasks.custom_splits import CustomDataConfig, load_custom_splits, split_files
 
     files = {"train": args.train, "dev": args.dev, "test": args.test}
     if args.data:
@@ -85,7 +85,7 @@ def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Pa
 
 
 def _cli_overrides(args: Namespace) -> dict[str, Any]:
-    from albert_core.config import AlbertConfig
+    from albert_core.model.config import AlbertConfig
 
     flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")
     flags += ("micro_batch_size", "tokenizer", "device", "precision", "pooling")
@@ -97,7 +97,7 @@ def _cli_overrides(args: Namespace) -> dict[str, Any]:
             raise UsageError("albert finetune: give --checkpoint (pretrained) or --preset (random init), not both")
         if not args.tokenizer:
             raise UsageError("albert finetune: --preset (random init) needs --tokenizer")
-        from albert_core.tokenization import Tokenizer
+        from albert_core.text.tokenization import Tokenizer
 
         vocab = Tokenizer.load(args.tokenizer).vocab_size
         overrides["model"] = AlbertConfig.preset(args.preset, vocab_size=vocab)
@@ -110,9 +110,9 @@ _DEFAULT_FLAGS = {"lr": "--lr", "max_steps": "--max-steps", "pooling": "--poolin
 
 
 def _apply_recipe_defaults(checkpoint: str | None, overrides: dict[str, Any]) -> None:
-    """The fine-tuning defaults of the checkpoint's recipe (services.finetune.run.recipe_defaults) for what the
+    """The fine-tuning defaults of the checkpoint's recipe (services.finetune.seeds.recipe_defaults) for what the
     command line does not give; says which it uses."""
-    from services.finetune.run import recipe_defaults
+    from services.finetune.seeds import recipe_defaults
 
     defaults = recipe_defaults(checkpoint) if checkpoint else None
     if defaults is None:
@@ -126,7 +126,7 @@ def _apply_recipe_defaults(checkpoint: str | None, overrides: dict[str, Any]) ->
 def cmd_finetune(args: Namespace) -> int:
     """`albert finetune`: one run in this process (a step progress bar), or seeds as Ray tasks; the summary table,
     or after Ctrl-C the partial summary and exit status INTERRUPTED_EXIT."""
-    from albert_core.finetune_config import canonical_task
+    from albert_core.finetune.config import canonical_task
     from services.finetune.console import print_summary
 
     task = canonical_task(args.task)
@@ -142,7 +142,7 @@ def cmd_finetune(args: Namespace) -> int:
 
 
 def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], output: Path) -> dict[str, Any]:
-    from albert_core.finetuning import finetune
+    from albert_core.finetune.finetuning import finetune
 
     overrides = _cli_overrides(args)
     _apply_recipe_defaults(args.checkpoint, overrides)
@@ -172,7 +172,7 @@ def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], outpu
 def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequence[int], output: Path) -> int:
     """After Ctrl-C: summarize the runs that finished, a line per run that did not (its best dev evaluation so
     far), summary.json marked interrupted; returns INTERRUPTED_EXIT (EXIT_TERMINATED after a SIGTERM)."""
-    from albert_core.finetuning import json_safe
+    from albert_core.finetune.finetuning import json_safe
     from services.finetune.console import print_interrupted, run_log, unfinished_line
 
     finished = list(getattr(interrupted, "results", []))  # SeedsInterrupted: the Ray runs that finished

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from albert_core.config import ConfigError
+from albert_core.model.config import ConfigError
 
 PATH_FIELDS = ("data.shards", "run.output_dir", "model.init_from")
 
@@ -70,7 +70,7 @@ def prepare_eval_args(args: list[str], root: Path) -> tuple[list[str], list[str]
 def _default_heldout(run_dir: Path, root: Path) -> str | None:
     """The run's <data.shards>/heldout/documents.parquet made absolute under root, when data.shards is relative and
     the run directory is readable here; None otherwise (the job reads the run's config itself)."""
-    from albert_core.shards import HELDOUT_FILE
+    from albert_core.examples.shards import HELDOUT_FILE
     from services.eval.schedule import run_config_of
 
     try:
@@ -81,7 +81,7 @@ def _default_heldout(run_dir: Path, root: Path) -> str | None:
 
 
 def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[str]]:
-    from services.run.config import RunConfig, parse_sets
+    from services.rundir.config import RunConfig, parse_sets
     from services.train.cli import register
 
     options = parse_command(register, ["pretrain", *args])
@@ -113,10 +113,10 @@ def prepare_pretrain_args(args: list[str], root: Path) -> tuple[list[str], list[
 
 
 def _recipe_in(root: Path, name: str) -> Path:
-    """The recipe file as the job will find it: a shipped name (the job finds its own copy, services/run/recipes), an
+    """The recipe file as the job will find it: a shipped name (the job finds its own copy, services/rundir/recipes), an
     absolute path (on a mount the cluster shares), or a relative path inside the uploaded directory; a relative path
     outside it would not exist there."""
-    from services.run.config import recipes_dir, resolve_config_path
+    from services.rundir.config import recipes_dir, resolve_config_path
 
     if Path(name).is_absolute():
         return resolve_config_path(name)

@@ -20,9 +20,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from albert_core.examples.shards import MANIFEST_FILE, ShardsManifest
 from albert_core.files import file_lock
-from albert_core.shards import MANIFEST_FILE, ShardsManifest
-from albert_core.tokenization import Tokenizer
+from albert_core.text.tokenization import Tokenizer
 from services.preprocess.checks import check_output, check_tokenizer
 from services.preprocess.config import DEFAULTS, SHAPE, SHAPE_FLAGS, InputFile, PreprocessConfig
 from services.preprocess.layout import Layout

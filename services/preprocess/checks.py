@@ -19,7 +19,7 @@ import fsspec
 if TYPE_CHECKING:
     from argparse import Namespace
 
-    from albert_core.tokenization import Tokenizer
+    from albert_core.text.tokenization import Tokenizer
     from services.preprocess.config import PreprocessConfig
 
 EXPECTED_INPUT = "expected a corpus file, a directory of them, a glob or an fsspec URL"
@@ -59,7 +59,7 @@ def check_tokenizer(config: PreprocessConfig) -> Tokenizer:
     """The tokenizer, loaded (FileNotFoundError / ValueError naming the file), with max_seq_length at most the
     model_max_length its tokenizer_config.json records (512 for ours: ALBERT's position embeddings), or 512 when
     there is no such file or it names no usable limit."""
-    from albert_core.tokenization import CONFIG_FILE, Tokenizer
+    from albert_core.text.tokenization import CONFIG_FILE, Tokenizer
 
     try:
         tokenizer = Tokenizer.load(config.tokenizer)

@@ -19,7 +19,7 @@ from dataclasses import Field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from albert_core.corpus import ON_ERROR
+from albert_core.text.corpus import ON_ERROR
 from services.preprocess.checks import NoExamplesError, check_arguments
 from services.preprocess.config import DEFAULTS, SHAPE_FLAGS, PreprocessConfig
 from services.terminal import UsageError, printable, start_ray
@@ -117,9 +117,9 @@ def skip_lines(manifest: dict[str, Any], listed_in: str, shown: int = SHOWN_SKIP
 def cmd_preprocess(args: Namespace) -> int:
     """`albert preprocess`: everything checked before Ray starts (a mistake exits within a second or so: 2 for
     options that conflict, 65 for a bad value, path or file)."""
-    from albert_core.shards import MANIFEST_FILE
+    from albert_core.examples.shards import MANIFEST_FILE
     from services.preprocess.manifest import part_view
-    from services.preprocess.run import run_preprocess
+    from services.preprocess.pipeline import run_preprocess
 
     config, job = plan_from_args(args)
     import ray

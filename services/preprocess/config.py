@@ -12,8 +12,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from albert_core.corpus import FORMATS, MAX_DOCUMENT_CHARS, ON_ERROR, SPLITS, Region
-from albert_core.pairs import OBJECTIVES, PairConfig
+from albert_core.examples.pairs import OBJECTIVES, PairConfig
+from albert_core.text.corpus import FORMATS, MAX_DOCUMENT_CHARS, ON_ERROR, SPLITS, Region
 
 
 def option(default: Any, flag: str | None, help: str, *, shape: bool = False, **argparse_kwargs: Any):
@@ -36,10 +36,10 @@ class PreprocessConfig:
     skip_missing_inputs: bool = False  # an input matching nothing: False: an error before anything runs; True: a
     # `missing` skip (the CLI's explicit --on-error skip)
     # Documents reserved for intrinsic evaluation, chosen by the sha256 of their text: stable across runs, seeds and
-    # however the input is cut (albert_core.shards.document_hash).
+    # however the input is cut (albert_core.examples.shards.document_hash).
     heldout_fraction: float = option(0.01, "--heldout-fraction", "share of documents held out", shape=True)
     # The input of one unit of work (and one shard): consecutive files are grouped up to this many bytes on disk,
-    # and a bigger file is cut into regions of about this size (albert_core.regions); a single-stream compressed
+    # and a bigger file is cut into regions of about this size (albert_core.text.regions); a single-stream compressed
     # file into chunks of 4x this many decompressed bytes as it is read. The command line gives megabytes (--shard-mb).
     shard_input_bytes: int = 16 << 20
     # Documents per create_pairs call: NSP takes its random B from another document of the same group.
@@ -100,7 +100,7 @@ class InputFile:
 
 @dataclass(frozen=True)
 class Unit:
-    """One task's work and one shard: consecutive whole files, or one region of a big file (albert_core.regions)."""
+    """One task's work and one shard: consecutive whole files, or one region of a big file (text.regions)."""
 
     index: int
     files: tuple[InputFile, ...]
@@ -126,7 +126,7 @@ class Unit:
 @dataclass(frozen=True)
 class StreamInput:
     """A single-stream compressed file too big for one unit: read once as a stream and cut into chunks as it is
-    read (albert_core.regions.stream_chunks); chunk k is unit `first + k`, so its units are not known before."""
+    read (albert_core.text.regions.stream_chunks); chunk k is unit `first + k`, so its units are not known before."""
 
     file: InputFile
     first: int

@@ -16,7 +16,7 @@ import os
 import posixpath
 from pathlib import Path
 
-from albert_core.shards import HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR
+from albert_core.examples.shards import HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR
 from services.preprocess.config import Unit
 
 PROGRESS_DIR = ".progress"  # plan.json, done markers, partial files
@@ -51,7 +51,7 @@ class Layout:
         return self.progress / f"heldout-{unit.index:05d}.parquet"
 
     def pieces(self, unit: Unit) -> Path:
-        """The piece counts of the unit's examples (albert_core.unigram's format)."""
+        """The piece counts of the unit's examples (albert_core.evaluation.unigram's format)."""
         return self.progress / f"unigram-{unit.index:05d}.npy"
 
     def unit_files(self, unit: Unit) -> tuple[Path, Path, Path]:

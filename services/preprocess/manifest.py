@@ -9,9 +9,9 @@ added), totals over every part, and the commit that rewrites it.
                 "pair_counts", "documents", "heldout", "sha256", "document_ids", "unigram"}, ...],
      "unigram": the piece counts of this version (all its parts), "timings": of the run that wrote it}
 
-Piece counts (albert_core.unigram, the unigram baseline) are kept per part (`unigram/part-k.npy`, summed from its
-units' counts) and per version of the set (`unigram/version-v.npy`: parts 0..v-1), each a new file written before
-the manifest names it, so a run that trains on version v keeps its baseline when a part is appended.
+Piece counts (albert_core.evaluation.unigram, the unigram baseline) are kept per part (`unigram/part-k.npy`, summed
+from its units' counts) and per version of the set (`unigram/version-v.npy`: parts 0..v-1), each a new file written
+before the manifest names it, so a run that trains on version v keeps its baseline when a part is appended.
 
 A part's "sha256" is the sha256 of its shards' sha256s (hex) concatenated in order. The manifest is the commit point
 of a part: its shards are on disk before the manifest lists them, and readers (`ShardsManifest.parts`, training)
@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from albert_core.evaluation.unigram import UnigramBaseline, count_pieces, part_unigram_file, version_unigram_file
+from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.files import file_lock, file_sha256
-from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
-from albert_core.unigram import UnigramBaseline, count_pieces, part_unigram_file, version_unigram_file
 from services.preprocess.config import Unit
 from services.preprocess.layout import write_json_atomic
 from services.preprocess.unit import MAX_SKIP_EXAMPLES
 
 if TYPE_CHECKING:
-    from albert_core.tokenization import Tokenizer
+    from albert_core.text.tokenization import Tokenizer
     from services.preprocess.layout import Layout
 
 MANIFEST_VERSION = 3  # 2: "parts"; 3: documents known by the sha256 of their text, piece counts per part
@@ -233,7 +233,7 @@ def commit_part(
 
 
 def sum_counts(paths: Sequence[Path], tokenizer: Tokenizer) -> UnigramBaseline:
-    """The piece counts of these files (albert_core.unigram's format) added up; special pieces count 0."""
+    """The piece counts of these files (albert_core.evaluation.unigram's format) added up; special pieces count 0."""
     total = np.zeros(tokenizer.vocab_size, dtype=np.int64)
     for path in paths:
         total += UnigramBaseline.load_file(path, tokenizer.vocab_size).counts

@@ -9,11 +9,11 @@ from dataclasses import asdict, dataclass
 
 import fsspec
 
-from albert_core.corpus import Region, list_inputs
+from albert_core.examples.shards import MANIFEST_FILE, TRAIN_DIR
 from albert_core.files import HeldLock
-from albert_core.regions import is_index, plan_file
-from albert_core.shards import MANIFEST_FILE, TRAIN_DIR
-from albert_core.tokenization import Tokenizer
+from albert_core.text.corpus import Region, list_inputs
+from albert_core.text.regions import is_index, plan_file
+from albert_core.text.tokenization import Tokenizer
 from services.preprocess.checks import EXPECTED_INPUT, MISSING_HINT, check_output, check_tokenizer, missing_input
 from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig, StreamInput, Unit
 from services.preprocess.layout import PLAN_FILE, PROGRESS_DIR, Layout, write_json_atomic

@@ -7,8 +7,8 @@ Memory is bounded by one document group (`docs_per_group` documents or GROUP_CHA
 unit's size: example tables are written to the shard as row groups when their group closes, held-out documents
 in batches of HELDOUT_BATCH, and piece counts are summed as tables are made.
 
-A document is known by the sha256 of its text (albert_core.shards.document_hash): it is held out when its hash is
-below heldout_fraction x 2**64, and its pair draws (target lengths, split points, SOP order) come from a generator
+A document is known by the sha256 of its text (albert_core.examples.shards.document_hash): it is held out when its hash
+is below heldout_fraction x 2**64, and its pair draws (target lengths, split points, SOP order) come from a generator
 seeded by (seed, hash). So the held-out documents and, for SOP (and `none`), the examples are the same however
 the corpus is cut into files, units and groups; only NSP's random B depends on the unit, being drawn from another
 document of the same group.
@@ -30,13 +30,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_core.corpus import CorpusError, Document, Skip, read_documents, read_region
+from albert_core.evaluation.unigram import UnigramBaseline
+from albert_core.examples.pairs import create_pairs
+from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, document_hash, example_id
 from albert_core.files import file_sha256
-from albert_core.pairs import create_pairs
-from albert_core.sentences import split_sentences
-from albert_core.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, document_hash, example_id
-from albert_core.tokenization import Tokenizer
-from albert_core.unigram import UnigramBaseline
+from albert_core.text.corpus import CorpusError, Document, Skip, read_documents, read_region
+from albert_core.text.sentences import split_sentences
+from albert_core.text.tokenization import Tokenizer
 from services.preprocess.config import PreprocessConfig, Unit
 from services.preprocess.layout import Layout, write_json_atomic
 

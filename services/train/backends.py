@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from albert_core.model import AlbertForPreTraining, compile_backbone
+from albert_core.model.modeling import AlbertForPreTraining, compile_backbone
 from services.train.state import TrainerState, load_train_state, save_train_state
 from services.train.step import ReduceSum, StepStats, train_step
 

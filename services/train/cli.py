@@ -10,7 +10,7 @@ from services.terminal import EXIT_INTERRUPTED, EXIT_STOPPED, EXIT_TERMINATED
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    from services.run.config import RunConfig, parse_sets
+    from services.rundir.config import RunConfig, parse_sets
     from services.train.interrupt import StoppedAtOnce
 
     overrides = parse_sets(args.set)
@@ -35,7 +35,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             allow_config_change=args.allow_config_change,
         )
     except StoppedAtOnce as stop:
-        from services.run.checkpoints import CHECKPOINTS_DIR, latest_good
+        from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good
 
         newest = latest_good(config.run_dir / CHECKPOINTS_DIR)
         resumes = f"a resume starts from {newest}" if newest else "no checkpoint yet: a resume starts from step 0"

@@ -1,6 +1,6 @@
 """The run coordinator: one named Ray actor per run that wraps the run's ledger and runs its evaluations.
 
-The ledger (services.run.ledger) keeps the run's record: metrics log, checkpoint index and retention, evaluation
+The ledger (services.rundir.ledger) keeps the run's record: metrics log, checkpoint index and retention, evaluation
 bookkeeping, dropout state, coordinator.json. The actor adds only what needs Ray: it launches an
 `IntrinsicEvaluator` actor for each evaluation the ledger finds due, without blocking, and collects results on
 every later call, in `poll()` and in `wait_for_evals()`. An evaluator that dies is relaunched up to
@@ -19,13 +19,13 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
-from albert_core.shards import HELDOUT_FILE
+from albert_core.examples.shards import HELDOUT_FILE
 from services import RAY_NAMESPACE
 from services.cluster import coordinator_name
 from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, check_tasks, evaluator_slots, options_dict
-from services.run.config import RunConfig
-from services.run.health import stalled
-from services.run.ledger import HEARTBEAT_EVERY_S, EvalEntry, RunLedger, touch_heartbeat
+from services.rundir.config import RunConfig
+from services.rundir.health import stalled
+from services.rundir.ledger import HEARTBEAT_EVERY_S, EvalEntry, RunLedger, touch_heartbeat
 
 MAX_EVAL_RETRIES = 2  # relaunches of an evaluator that died
 

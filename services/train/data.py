@@ -1,5 +1,5 @@
 """A worker's training input: its slice of each global batch, read from the shards in the run's example order
-(albert_core.data_order), masked, and prefetched by a background thread ahead of the step.
+(albert_core.examples.order), masked, and prefetched by a background thread ahead of the step.
 
 Rows are read with pyarrow by (file, row group), the unit Parquet decompresses, and kept in a small cache: the
 order serves one window of blocks at a time, so each row group is read about once per window.
@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_core.data_order import DataStream, ExampleOrder, worker_positions
-from albert_core.shards import EXAMPLE_SCHEMA
+from albert_core.examples.order import DataStream, ExampleOrder, worker_positions
+from albert_core.examples.shards import EXAMPLE_SCHEMA
 
 COLUMNS = [f.name for f in EXAMPLE_SCHEMA]
 Rows = dict[str, np.ndarray]

@@ -10,10 +10,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from albert_core.config import ConfigError
-from services.run.checkpoints import CHECKPOINTS_DIR, latest_good, list_checkpoints, read_trainer_json
-from services.run.config import RunConfig
-from services.run.log import METRICS_FILE, read_metrics
+from albert_core.model.config import ConfigError
+from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, list_checkpoints, read_trainer_json
+from services.rundir.config import RunConfig
+from services.rundir.log import METRICS_FILE, read_metrics
 from services.train.interrupt import run_interruptibly
 from services.train.plan import (
     WorkerPlan,
@@ -90,7 +90,7 @@ def make_plan(
     run_dir = config.run_dir.resolve()
     init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
     if init_from is not None:  # the workers read it by absolute path
-        from albert_core.stacking import check_init_source
+        from albert_core.model.stacking import check_init_source
 
         check_init_source(init_from, config.model_config(ids.vocab_size))
     if not resume and list_checkpoints(run_dir / CHECKPOINTS_DIR):

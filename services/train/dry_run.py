@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from albert_core.config import count_parameters
-from services.run.checkpoints import CHECKPOINTS_DIR, latest_good, read_trainer_json
-from services.run.config import RunConfig
-from services.run.resume import check_resume_changes, describe_changes
+from albert_core.model.config import count_parameters
+from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, read_trainer_json
+from services.rundir.config import RunConfig
+from services.rundir.resume import check_resume_changes, describe_changes
 from services.train.driver import make_plan
 from services.train.plan import WorkerPlan
 

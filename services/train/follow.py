@@ -1,6 +1,6 @@
 """A run's data stream over a shard set that grows: what each epoch trains on (`EpochData`: the shard set's version
 and the data.mixture in force) as the run's checkpoints record it, the example order that follows from it
-(albert_core.data_order.DataStream), and, for a run with `data.follow`, the newest version read at an epoch boundary.
+(examples.order.DataStream), and, for a run with `data.follow`, the newest version read at an epoch boundary.
 
 The checkpoint records every epoch that holds a trained example (TrainerState.epoch_versions / epoch_mixtures), so
 a resume replays them whatever the config says now: a data.mixture changed, or data.follow turned on, between two
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from albert_core.config import ConfigError
-from albert_core.data_order import DataStream, ExampleOrder
+from albert_core.examples.order import DataStream, ExampleOrder
 from albert_core.files import file_sha256
+from albert_core.model.config import ConfigError
 from services.train.plan import ShardSet, read_shard_set
 from services.train.state import TrainerState
 

@@ -1,5 +1,5 @@
 """A worker's training input, ahead of its loop: each step's rows read in the run's example order and masked into
-its micro-batches in one call (services.train.data, albert_core.batch.mlm_batches), `depth` steps ahead.
+its micro-batches in one call (services.train.data, albert_core.examples.batch.mlm_batches), `depth` steps ahead.
 
 `train.input_workers` chooses where that work runs:
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from albert_core.tokenization import TokenIds
-from services.run.config import RunConfig
+from albert_core.text.tokenization import TokenIds
+from services.rundir.config import RunConfig
 from services.train.data import Prefetch, ShardRows, host_steps
 from services.train.follow import EpochData, data_stream
 from services.train.plan import ShardSet

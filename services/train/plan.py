@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from albert_core.config import ConfigError
-from albert_core.data_order import ExampleOrder
+from albert_core.evaluation.unigram import UnigramBaseline, load_or_count
+from albert_core.examples.order import ExampleOrder
+from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR, ManifestError, ShardsManifest
 from albert_core.files import CorruptCheckpoint
-from albert_core.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR, ManifestError, ShardsManifest
-from albert_core.tokenization import SPECIAL_PIECES, TokenIds, Tokenizer
-from albert_core.unigram import UnigramBaseline, load_or_count
-from services.run.checkpoints import CHECKPOINTS_DIR, read_trainer_json
-from services.run.config import RunConfig, TrainSection
-from services.run.config import config_hash as config_hash_of
+from albert_core.model.config import ConfigError
+from albert_core.text.tokenization import SPECIAL_PIECES, TokenIds, Tokenizer
+from services.rundir.checkpoints import CHECKPOINTS_DIR, read_trainer_json
+from services.rundir.config import RunConfig, TrainSection
+from services.rundir.config import config_hash as config_hash_of
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
 
     1. `model.overrides.vocab_size`, if set (non-zero). The special ids are ALBERT's layout: <pad>=0, <unk>=1,
        [CLS]=2, [SEP]=3, [MASK]=4.
-    2. The tokenizer the shards were made with (`albert_core.shards.ShardsManifest.tokenizer_model`).
+    2. The tokenizer the shards were made with (`albert_core.examples.shards.ShardsManifest.tokenizer_model`).
     3. `vocab_size` in manifest.json (at the top level or under `"tokenizer"`), again with ALBERT's layout.
     """
     override = config.model.overrides.get("vocab_size") or 0
@@ -54,7 +54,7 @@ def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
 
 @dataclass(frozen=True)
 class ShardSet:
-    """The train shard files of a shard set's newest version, part by part (albert_core.shards.ShardPart), with
+    """The train shard files of a shard set's newest version, part by part (albert_core.examples.shards.ShardPart), with
     their row counts. A set whose manifest lists no shards is one part of every `train/**/*.parquet` (sorted)."""
 
     directory: str

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import ray
 
-from albert_core.shards import ShardsManifest
+from albert_core.examples.shards import ShardsManifest
 from services.cluster import connect, coordinator_name
-from services.run.config import RunConfig
-from services.run.report import LiveView, write_report
-from services.run.resume import check_resume_changes, describe_changes
+from services.rundir.config import RunConfig
+from services.rundir.report import LiveView, write_report
+from services.rundir.resume import check_resume_changes, describe_changes
 from services.terminal import raise_on_sigterm
 from services.train.coordinator import get_or_create_coordinator
 from services.train.driver import TrainResult, make_plan, result_of, run_pretraining
@@ -32,7 +32,7 @@ def pretrain(
 ) -> TrainResult:
     """One pretraining run to optim.total_steps (resuming from its newest good checkpoint), then its report.
 
-    A resume under a recipe that changes fields other than those safe to change (services.run.resume) is refused
+    A resume under a recipe that changes fields other than those safe to change (services.rundir.resume) is refused
     before Ray starts unless `allow_config_change` names them; the changes it makes are printed."""
     config.validate()
     if resume and (done := result_of(config)).finished:  # before Ray starts: nothing to train
@@ -66,7 +66,7 @@ def keep_tokenizer_with_run(shards: Path, run_dir: Path) -> None:
     (run_dir/checkpoints/step_N) finds its spiece.model two levels up, as fine-tuning and conversion look for it."""
     import shutil
 
-    from albert_core.tokenization import CONFIG_FILE, MODEL_FILE
+    from albert_core.text.tokenization import CONFIG_FILE, MODEL_FILE
 
     source = ShardsManifest.read(shards).tokenizer_model()
     if source is None:

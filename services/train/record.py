@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from services.run.ledger import RunLedger
+from services.rundir.ledger import RunLedger
 from services.train.plan import WorkerPlan
 
 

@@ -2,8 +2,8 @@
 
 A training checkpoint is a directory (e.g. `<run_dir>/checkpoints/step_00001000`):
 
-    config.json          AlbertConfig                      } albert_core.checkpoint.save_model: the model alone
-    model.safetensors    weights under canonical names     } loads with albert_core.checkpoint.load_model
+    config.json          AlbertConfig                      } albert_core.model.checkpoint.save_model: the model alone
+    model.safetensors    weights under canonical names     } loads with albert_core.model.checkpoint.load_model
     optimizer.safetensors  optimizer state tensors, keyed "<parameter name>.<state key>" (e.g. ".exp_avg")
     trainer.json         step, epoch, data position (examples seen), dropout, scheduler state, optimizer
                          hyperparameters and non-tensor state, torch/numpy/python RNG states, run config hash,
@@ -12,7 +12,7 @@ A training checkpoint is a directory (e.g. `<run_dir>/checkpoints/step_00001000`
 
 Nothing is pickled: tensors are safetensors, the rest is JSON, so loading a checkpoint cannot run code. The
 directory is built under a hidden temporary name beside its final one and renamed into place, so a reader sees
-a complete checkpoint or none; `verify` (services.run.checkpoints, with the names and listing) catches what the
+a complete checkpoint or none; `verify` (services.rundir.checkpoints, with the names and listing) catches what the
 rename cannot (a disk that lost or changed bytes later), and `latest_good` falls back to the newest checkpoint
 that verifies.
 """
@@ -37,9 +37,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from albert_core.checkpoint import CheckpointError, load_weights, read_checkpoint, save_model
 from albert_core.files import WEIGHTS_FILE, CorruptCheckpoint, fsync_dir, write_manifest
-from services.run.checkpoints import (
+from albert_core.model.checkpoint import CheckpointError, load_weights, read_checkpoint, save_model
+from services.rundir.checkpoints import (
     FORMAT,
     OPTIMIZER_FILE,
     REQUIRED_FILES,
@@ -58,7 +58,7 @@ class TrainerState:
 
     step: int = 0  # optimizer updates done
     epoch: int = 0  # the pass over the data the next example belongs to (examples_seen // examples per epoch)
-    examples_seen: int = 0  # the data position: examples of the run's stream trained so far (albert_core.data_order)
+    examples_seen: int = 0  # the data position: examples of the run's stream trained so far (examples.order)
     # What each epoch trains on, for every epoch that holds a trained example (and, in a run that follows its shard
     # set, the next one once decided): the shard set's version (its number of parts) and the data.mixture in force.
     # A resume replays them whatever the config says now (services.train.follow). epoch_versions is empty in a

@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from albert_core.batch import mlm_batches
-from albert_core.config import AlbertConfig
-from albert_core.masking import IGNORE_INDEX
-from albert_core.model import AlbertForPreTraining
+from albert_core.evaluation.unigram import UnigramBaseline
+from albert_core.examples.batch import mlm_batches
+from albert_core.examples.masking import IGNORE_INDEX
+from albert_core.examples.pairs import order_draw, reorder_pair
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
-from albert_core.pairs import order_draw, reorder_pair
-from albert_core.tokenization import TokenIds
-from albert_core.unigram import UnigramBaseline
+from albert_core.text.tokenization import TokenIds
 
 if TYPE_CHECKING:  # plain dataclasses of the run config; read by attribute only
-    from services.run.config import DataSection, OptimSection
+    from services.rundir.config import DataSection, OptimSection
 
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over the workers in place (an all-reduce)
 
@@ -50,7 +50,7 @@ def make_micro_batches(
     micro_batch: int | None,
 ) -> list[dict[str, torch.Tensor]]:
     """`make_micro_batch` of each run of `micro_batch` rows (None: one micro-batch of all), masked in one call:
-    a worker's rows of a whole step at once (albert_core.batch.mlm_batches)."""
+    a worker's rows of a whole step at once (albert_core.examples.batch.mlm_batches)."""
     check_shard_rows(rows, ids, data)
     if data.sop_order == "epoch":
         rows = redraw_orders(rows, seed=seed, epoch=epoch)
@@ -96,7 +96,7 @@ def check_shard_rows(rows: dict[str, np.ndarray], ids: TokenIds, data: DataSecti
 
 
 def redraw_orders(rows: dict[str, np.ndarray], *, seed: int, epoch: int | np.ndarray) -> dict[str, np.ndarray]:
-    """data.sop_order = "epoch": each SOP row in the order drawn for it in this epoch (albert_core.pairs)."""
+    """data.sop_order = "epoch": each SOP row in the order drawn for it in this epoch (albert_core.examples.pairs)."""
     epochs = np.broadcast_to(np.asarray(epoch, dtype=np.int64), (len(rows["input_ids"]),))
     columns = ("input_ids", "token_type_ids", "word_starts", "pair_label")
     out = {name: np.empty(len(epochs), dtype=object) for name in columns}

@@ -3,7 +3,7 @@ is applied from outside, so the loop has no backend branches.
 
 Exact resume. A run stopped at any point and resumed from its newest good checkpoint reproduces the uninterrupted
 run's per-step losses bit for bit on CPU: the example order is a function of the seed and the shard set only
-(albert_core.data_order) and the checkpoint holds the data position; masks are seeded per (run seed, epoch,
+(albert_core.examples.order) and the checkpoint holds the data position; masks are seeded per (run seed, epoch,
 example id) and dropout per (run seed, rank, step), so no RNG state has to survive a crash.
 
 Reporting. Every `train.log_every` steps, every `train.checkpoint_every` steps and at the end, all workers call
@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from albert_core.data_order import DataStream
+from albert_core.evaluation.unigram import UnigramBaseline, stored_file
+from albert_core.examples.order import DataStream
 from albert_core.optim import set_schedule_position, time_position
-from albert_core.unigram import UnigramBaseline, stored_file
-from services.run.checkpoints import checkpoint_dir
-from services.run.health import Finding, divergence
+from services.rundir.checkpoints import checkpoint_dir
+from services.rundir.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
 from services.train.follow import (
     EpochData,
@@ -184,7 +184,7 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
                  "(the changed fields: the run's config_changed event)")  # fmt: skip
         log.info("rank %d resumes from %s at step %d (epoch %d)", worker.rank, choice, state.step, state.epoch)
     elif plan.init_from:
-        from albert_core.stacking import load_stacked
+        from albert_core.model.stacking import load_stacked
 
         load_stacked(model, plan.init_from)
         if plan.init_data_position is not None:
@@ -200,7 +200,7 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
 
 def warn(worker: Worker, step: int, message: str) -> None:
     """A warning for the user: logged, and (rank 0) a `warning` event in the run's metrics log, which the driver's
-    console prints (services.run.report.LiveView): a local run's worker logs do not reach the console."""
+    console prints (services.rundir.report.LiveView): a local run's worker logs do not reach the console."""
     log.warning("%s", message)
     if worker.record is not None:
         worker.record.event(step, "warning", message=message)

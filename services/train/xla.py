@@ -73,8 +73,8 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "build its virtualenv with scripts/xla_venv.sh and run from there"
     ) from err
 
-from albert_core.masking import IGNORE_INDEX
-from albert_core.model import AlbertForPreTraining
+from albert_core.examples.masking import IGNORE_INDEX
+from albert_core.model.modeling import AlbertForPreTraining
 from services.train.state import TrainerState, load_train_state, save_train_state
 
 PJRT_DEVICES = ("TPU", "CPU", "CUDA")
@@ -130,7 +130,7 @@ def compile_count() -> int:
 
 
 def max_predictions_for(seq_len: int, mask_prob: float = 0.15) -> int:
-    """Predicted positions per row at this length: albert_core.masking's budget for a row of seq_len real tokens."""
+    """Predicted positions per row at this length: examples.masking's budget for a row of seq_len real tokens."""
     return max(1, int(np.floor(seq_len * mask_prob + 0.5)))
 
 
@@ -151,7 +151,7 @@ def static_batch(
     max_predictions: int | None = None,
     pad_id: int = 0,
 ) -> dict[str, Tensor]:
-    """An `albert_core.batch.mlm_batch` batch reshaped for XLA: CPU int64 tensors of a few fixed shapes.
+    """An `albert_core.examples.batch.mlm_batch` batch reshaped for XLA: CPU int64 tensors of a few fixed shapes.
 
     Width: the smallest bucket holding the longest real row. Rows: padded to `batch_size` with rows that attend
     to one pad token and predict nothing (they add 0 to the loss and its gradient). MLM: `mlm_labels` (B, T)

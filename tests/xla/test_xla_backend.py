@@ -16,9 +16,9 @@ torch_xla = pytest.importorskip(
 
 import torch  # noqa: E402
 
-from albert_core.checkpoint import load_model  # noqa: E402
-from albert_core.masking import IGNORE_INDEX  # noqa: E402
-from albert_core.model import AlbertForPreTraining  # noqa: E402
+from albert_core.examples.masking import IGNORE_INDEX  # noqa: E402
+from albert_core.model.checkpoint import load_model  # noqa: E402
+from albert_core.model.modeling import AlbertForPreTraining  # noqa: E402
 from albert_core.optim import make_optimizer, make_scheduler  # noqa: E402
 from services.train.xla import (  # noqa: E402
     compile_count,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from albert_core.batch import mlm_batch
-from albert_core.config import AlbertConfig
+from albert_core.examples.batch import mlm_batch
+from albert_core.model.config import AlbertConfig
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 SPECIAL = (PAD, CLS, SEP)
@@ -32,7 +32,7 @@ def tiny_config(**overrides) -> AlbertConfig:
 def pair_batch(
     lengths: list[int], *, seed: int, vocab_size: int = 200, first_id: int = 0, seq_len: int | None = None
 ) -> dict[str, np.ndarray]:
-    """A real masked MLM/SOP batch (albert_core.batch.mlm_batch) of random pair rows with the given lengths."""
+    """A real masked MLM/SOP batch (albert_core.examples.batch.mlm_batch) of random pair rows with the given lengths."""
     rng = np.random.default_rng(seed)
     ids, types, words = [], [], []
     for length in lengths:

@@ -1,0 +1,211 @@
+"""The pretraining shard format: plain Arrow columns that pyarrow reads alone (no Ray tensor extension types).
+
+One row is one `[CLS] A [SEP] B [SEP]` example. The preprocess service writes shards of these rows plus a
+manifest; the training stream reads them and masks dynamically (`albert_core.examples.batch`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from albert_core.files import leaves_directory
+
+EXAMPLE_SCHEMA = pa.schema(
+    [
+        # Globally unique, stable across reruns: (shard index << 32) | row in shard. Seeds the dynamic masks.
+        pa.field("example_id", pa.int64(), nullable=False),
+        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("token_type_ids", pa.list_(pa.int8()), nullable=False),
+        # Whole-word starts per token (the masking unit).
+        pa.field("word_starts", pa.list_(pa.bool_()), nullable=False),
+        # SOP: 1 = swapped; NSP: 1 = random B; objective "none": -100.
+        pa.field("pair_label", pa.int8(), nullable=False),
+    ]
+)
+
+MANIFEST_FILE = "manifest.json"  # the shard set's manifest (services/preprocess writes it)
+TRAIN_DIR = "train"
+TOKENIZER_MODEL = "spiece.model"
+
+
+class ManifestError(ValueError):
+    """The shards manifest cannot be read; the message names the file."""
+
+
+@dataclass(frozen=True)
+class ShardsManifest:
+    """What a shard set's manifest.json says, read once: its tokenizer and vocabulary size.
+
+    The tokenizer entry is a path, or an object with "path" (and "vocab_size"), as services/preprocess writes; a
+    relative path is tried as given, then under the shards directory. A missing manifest reads as empty.
+    """
+
+    directory: Path
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, shards_dir: str | Path) -> ShardsManifest:
+        directory = Path(shards_dir)
+        path = directory / MANIFEST_FILE
+        if not path.is_file():
+            return cls(directory)
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ManifestError(f"{path} is not valid JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise ManifestError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        return cls(directory, data)
+
+    @property
+    def _tokenizer_entry(self) -> dict[str, Any]:
+        entry = self.data.get("tokenizer")
+        if isinstance(entry, str):
+            return {"path": entry}
+        return entry if isinstance(entry, dict) else {}
+
+    def tokenizer_model(self) -> Path | None:
+        """The tokenizer model the shards were made with: spiece.model in the shards directory, in its
+        tokenizer/ folder, or where the manifest says; None when none of them exists."""
+        candidates = [self.directory / TOKENIZER_MODEL, self.directory / "tokenizer" / TOKENIZER_MODEL]
+        named = self._tokenizer_entry.get("path")
+        if isinstance(named, str):
+            candidates.append(
+                Path(named) if Path(named).is_absolute() or Path(named).exists() else self.directory / named
+            )
+        for path in candidates:
+            if path.is_dir():
+                path = path / TOKENIZER_MODEL
+            if path.is_file():
+                return path
+        return None
+
+    @property
+    def vocab_size(self) -> int | None:
+        size = self.data.get("vocab_size", self._tokenizer_entry.get("vocab_size"))
+        return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+    def _config_value(self, name: str, kind: type) -> Any:
+        """An option the shards were preprocessed with (the manifest's "config"), or None when absent or of another
+        type."""
+        config = self.data.get("config")
+        value = config.get(name) if isinstance(config, dict) else None
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    @property
+    def max_seq_length(self) -> int | None:
+        """The --max-seq-length the shards were preprocessed with, or None."""
+        return self._config_value("max_seq_length", int)
+
+    @property
+    def objective(self) -> str | None:
+        """The pair objective the shards were made with (sop, nsp or none), or None."""
+        return self._config_value("objective", str)
+
+    @property
+    def tokenizer_sha256(self) -> str | None:
+        """The sha256 of the tokenizer model the manifest records (services/preprocess writes it), or None."""
+        digest = self._tokenizer_entry.get("sha256")
+        return digest if isinstance(digest, str) and digest else None
+
+    @property
+    def parts(self) -> tuple[ShardPart, ...]:
+        """The shard set's parts in the order they were added (`albert preprocess` writes part 0, each
+        `--append-to` one more). A manifest without "parts" (written before parts existed) is one part of all its
+        "shards"; one without either has none."""
+        parts = self.data.get("parts")
+        if parts is None:
+            shards = self.data.get("shards")
+            if not isinstance(shards, list) or not shards:
+                return ()
+            parts = [{"name": "part-0", "shards": shards}]
+        if not isinstance(parts, list):
+            raise ManifestError(f"{self.directory / MANIFEST_FILE}: parts: expected a list")
+        return tuple(ShardPart.from_json(entry, index=i, source=self.directory / MANIFEST_FILE)
+                     for i, entry in enumerate(parts))  # fmt: skip
+
+    @property
+    def version(self) -> int:
+        """The shard set's version: how many parts it holds (a run records the version each epoch trained on)."""
+        return len(self.parts)
+
+
+@dataclass(frozen=True)
+class ShardPart:
+    """One part of a shard set: the shards one `albert preprocess` (or `--append-to`) run added, in order."""
+
+    index: int
+    name: str
+    shards: tuple[str, ...]  # relative to the shard set directory, e.g. train/shard-00003.parquet
+    rows: tuple[int, ...]
+    sha256: tuple[str, ...]  # of each shard file ("" where the manifest records none)
+
+    @classmethod
+    def from_json(cls, entry: Any, *, index: int, source: Path) -> ShardPart:
+        where = f"{source}: parts[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("shards"), list) or not entry["shards"]:
+            raise ManifestError(f"{where}: expected an object with a non-empty list of shards")
+        names, rows, digests = [], [], []
+        for shard in entry["shards"]:
+            if not isinstance(shard, dict) or not isinstance(shard.get("name"), str):
+                raise ManifestError(f"{where}: each shard needs a name, got {shard!r}")
+            if leaves_directory(shard["name"]):
+                raise ManifestError(f"{where}: shard name {shard['name']!r} leaves the shard set directory")
+            n = shard.get("rows")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ManifestError(f"{where}: shard {shard['name']}: rows must be an int >= 0, got {n!r}")
+            names.append(shard["name"])
+            rows.append(n)
+            digests.append(str(shard.get("sha256") or ""))
+        name = entry.get("name", f"part-{index}")
+        return cls(index, str(name), tuple(names), tuple(rows), tuple(digests))
+
+
+def example_id(shard: int, row: int) -> int:
+    return (shard << 32) | row
+
+
+def document_hash(text: str) -> int:
+    """A document's 64-bit identity: the first 8 bytes of the sha256 of its text. The same text gets the same
+    hash in any file, order or cut of the corpus (preprocess holds a document out when it is below fraction x
+    2**64, and seeds its pair draws with it); its id in the held-out file is this hash >> 1."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "big")
+
+
+# Held-out documents (not pairs), so evaluation can build SOP and NSP pairs from the same text (Table 5).
+HELDOUT_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.int64(), nullable=False),
+        pa.field("sentences", pa.list_(pa.list_(pa.int32())), nullable=False),
+        pa.field("word_starts", pa.list_(pa.list_(pa.bool_())), nullable=False),
+    ]
+)
+HELDOUT_FILE = "heldout/documents.parquet"
+
+
+def write_random_shards(
+    train_dir: Path, rows_per_file: tuple[int, ...], *, vocab_size: int, rng: np.random.Generator
+) -> None:
+    """Synthetic shards for tests and benchmarks: random [CLS] A [SEP] B [SEP] rows in the EXAMPLE_SCHEMA."""
+    train_dir.mkdir(parents=True)
+    for shard, n_rows in enumerate(rows_per_file):
+        rows: dict[str, list] = {name: [] for name in EXAMPLE_SCHEMA.names}
+        for row in range(n_rows):
+            n_a, n_b = rng.integers(4, 13, size=2)
+            ids = [2, *rng.integers(5, vocab_size, n_a), 3, *rng.integers(5, vocab_size, n_b), 3]
+            starts = rng.random(len(ids)) < 0.7
+            starts[[0, 1, n_a + 1, n_a + 2, len(ids) - 1]] = True
+            rows["example_id"].append(example_id(shard, row))
+            rows["input_ids"].append(ids)
+            rows["token_type_ids"].append([0] * (n_a + 2) + [1] * (n_b + 1))
+            rows["word_starts"].append(starts.tolist())
+            rows["pair_label"].append(int(rng.integers(0, 2)))
+        pq.write_table(pa.table(rows, schema=EXAMPLE_SCHEMA), train_dir / f"shard-{shard:05d}.parquet")

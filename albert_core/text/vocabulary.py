@@ -1,0 +1,134 @@
+"""Which tokenizer belongs to a checkpoint, and refusing a checkpoint whose vocabulary is not the tokenizer's.
+
+A model's embedding rows are indexed by one tokenizer's ids. Fed another tokenizer's ids it runs and reports
+nonsense (mlm_acc 0.0 after minutes), so `albert evaluate`, `albert finetune` and `albert convert` compare, before
+anything slow starts: the checkpoint's `vocab_size` (config.json) with the tokenizer's piece count, and the
+tokenizer files the checkpoint directory carries itself (spiece.model, or a WordPiece vocab.txt) with the tokenizer.
+Reading only config.json and the tokenizer files, the checks take milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import sentencepiece as spm
+
+from albert_core.examples.shards import MANIFEST_FILE, ShardsManifest
+from albert_core.files import CheckpointError
+from albert_core.text.tokenization import MODEL_FILE, Tokenizer
+
+WORDPIECE_FILE = "vocab.txt"  # BERT's WordPiece vocabulary, one token per line
+SENTENCEPIECE, WORDPIECE = "SentencePiece", "WordPiece"
+
+
+class VocabularyMismatch(CheckpointError):
+    """The checkpoint was trained with another vocabulary than the tokenizer it is used with."""
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A tokenizer as far as a checkpoint cares: its kind, where it is, its size and (SentencePiece) model hash."""
+
+    kind: str  # SENTENCEPIECE | WORDPIECE
+    source: str  # a path, for messages
+    size: int | None
+    sha256: str | None = None
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> Vocabulary:
+        return cls(SENTENCEPIECE, tokenizer.name, tokenizer.vocab_size, tokenizer.sha256)
+
+    def describe(self, *, with_hash: bool = False) -> str:
+        unit = "pieces" if self.kind == SENTENCEPIECE else "tokens"
+        size = f"{self.size} {unit}" if self.size is not None else "unknown size"
+        digest = f", sha256 {self.sha256[:12]}" if with_hash and self.sha256 else ""
+        return f"{self.kind} {self.source} ({size}{digest})"
+
+
+def tokenizer_candidates(checkpoint: str | Path) -> list[Path]:
+    """Where a checkpoint's spiece.model may be: in its directory or up to two levels above (a pretraining run
+    keeps it in the run directory, its checkpoints in run_dir/checkpoints/step_N)."""
+    directory = Path(checkpoint)
+    return [d / MODEL_FILE for d in (directory, directory.parent, directory.parent.parent)]
+
+
+def find_tokenizer(checkpoint: str | Path) -> Path | None:
+    """The first spiece.model of `tokenizer_candidates`, or None."""
+    return next((path for path in tokenizer_candidates(checkpoint) if path.is_file()), None)
+
+
+def checkpoint_vocab_size(checkpoint: str | Path) -> int | None:
+    """vocab_size from the checkpoint's config.json (ours or transformers'); None when it cannot be read."""
+    try:
+        size = json.loads((Path(checkpoint) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def own_vocabulary(checkpoint: str | Path) -> Vocabulary | None:
+    """The tokenizer files the checkpoint directory itself holds: spiece.model, else a WordPiece vocab.txt."""
+    directory = Path(checkpoint)
+    spiece, wordpiece = directory / MODEL_FILE, directory / WORDPIECE_FILE
+    if spiece.is_file():
+        data = spiece.read_bytes()
+        try:
+            size = spm.SentencePieceProcessor(model_proto=data).get_piece_size()
+        except RuntimeError:
+            size = None
+        return Vocabulary(SENTENCEPIECE, str(spiece), size, hashlib.sha256(data).hexdigest())
+    if wordpiece.is_file():
+        return Vocabulary(WORDPIECE, str(wordpiece), len(wordpiece.read_text(encoding="utf-8").splitlines()))
+    return None
+
+
+def check_vocabulary(checkpoint: str | Path, tokenizer: Vocabulary, role: str = "the tokenizer is") -> None:
+    """Raise VocabularyMismatch (one line naming both) unless `tokenizer` can be the checkpoint's vocabulary.
+
+    `role` introduces the tokenizer in the message ("the tokenizer is", "the held-out data was tokenized with")."""
+    own = own_vocabulary(checkpoint)
+    if own is not None and own.kind != tokenizer.kind:
+        raise VocabularyMismatch(
+            f"checkpoint {checkpoint} carries its own {own.describe()}, but {role} {tokenizer.describe()}"
+        )
+    if own is not None and own.sha256 and tokenizer.sha256 and own.sha256 != tokenizer.sha256:
+        raise VocabularyMismatch(
+            f"checkpoint {checkpoint} carries its own {own.describe(with_hash=True)}, but {role} another model: "
+            f"{tokenizer.describe(with_hash=True)}"
+        )
+    size = checkpoint_vocab_size(checkpoint)
+    if size is not None and tokenizer.size is not None and size != tokenizer.size:
+        raise VocabularyMismatch(
+            f"checkpoint {checkpoint} has vocab_size {size} (config.json), but {role} {tokenizer.describe()}"
+        )
+
+
+def check_tokenizer_fits(checkpoint: str | Path, tokenizer: str | Path | None = None) -> None:
+    """For fine-tuning: the tokenizer given (spiece.model or its directory), else the one `find_tokenizer` finds,
+    must be the checkpoint's vocabulary. Without either there is nothing to compare (the loader reports that)."""
+    path = Path(tokenizer) if tokenizer is not None else find_tokenizer(checkpoint)
+    if path is not None and (path.is_file() or (path / MODEL_FILE).is_file()):
+        check_vocabulary(checkpoint, Vocabulary.of(Tokenizer.load(path)))
+
+
+def heldout_vocabulary(heldout_path: str | Path) -> Vocabulary | None:
+    """The tokenizer a held-out file (<shards>/heldout/documents.parquet) was made with, from the shards' manifest
+    (or the spiece.model beside it); None when the shard set does not say."""
+    shards = Path(heldout_path).parent.parent
+    manifest = ShardsManifest.read(shards)
+    model = manifest.tokenizer_model()
+    if model is not None:
+        return Vocabulary.of(Tokenizer.load(model))
+    if manifest.vocab_size is not None:
+        return Vocabulary(SENTENCEPIECE, str(shards / MANIFEST_FILE), manifest.vocab_size, manifest.tokenizer_sha256)
+    return None
+
+
+def check_heldout_fits(checkpoint: str | Path, heldout_path: str | Path) -> None:
+    """For evaluation: the held-out data's tokenizer must be the checkpoint's vocabulary."""
+    vocabulary = heldout_vocabulary(heldout_path)
+    if vocabulary is not None:
+        check_vocabulary(checkpoint, vocabulary, role="the held-out data was tokenized with")
