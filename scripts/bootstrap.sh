@@ -9,7 +9,7 @@ fi
 stamp="$VENV/.albert-installed"
 if [[ ! -f "$stamp" || requirements.lock -nt "$stamp" || pyproject.toml -nt "$stamp" ]]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    # torch==2.13.0 resolves to the CPU build on this machine class; see README "Installing".
+    # torch==2.13.0 resolves to the CPU build on this machine class; see README, its first lines.
     "$VENV/bin/python" -m pip install --quiet -r requirements.lock
     "$VENV/bin/python" -m pip install --quiet --no-deps -e .
     touch "$stamp"

@@ -28,6 +28,9 @@ class DemoPaths:
     train: TrainResult | None = None  # how pretraining ended (TrainResult.stopped: early, and why)
 
 
+HELDOUT_FRACTION = 0.02  # of the sample corpus's 475 documents (README.md says it; tests/test_docs.py checks)
+
+
 def run_demo(
     *,
     cache: Path = DEFAULT_CACHE,
@@ -68,7 +71,7 @@ def run_demo(
             tokenizer=str(tokenizer_dir / MODEL_FILE),
             output=str(shards),
             max_seq_length=max_seq_length,
-            heldout_fraction=0.02,
+            heldout_fraction=HELDOUT_FRACTION,
             shard_input_bytes=1 << 20,  # ~14 shards: enough files for every train worker
             progress=progress,
         )

@@ -16,7 +16,7 @@ import re
 import sys
 from typing import Any
 
-# Exit statuses of every albert command (README, "Exit status"; `albert --help` prints them too).
+# Exit statuses of every albert command (docs/guide.md, "Exit status"; `albert --help` prints them too).
 EXIT_OK = 0
 EXIT_FAILED = 1  # it ran and failed: a cluster job or an evaluation scheduler that failed, an unexpected error
 EXIT_USAGE = 2  # the command line is wrong: an unknown option, a missing argument, options that conflict (argparse's)

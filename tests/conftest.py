@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 # The XLA tier runs in its own torch-xla virtualenv (scripts/test_xla.sh), not in the main suite.
 collect_ignore = ["xla"]
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def away_from_the_checkout(tmp_path_factory):
+    """Every test runs in a scratch working directory, never in the checkout: what the main job (or any earlier run)
+    left there under relative paths (`.cache/albert/`, `runs/`) is not seen by the suite, and the suite leaves
+    nothing there. Tests that need the checkout name it (CHECKOUT, or cwd=ROOT in a subprocess)."""
+    before = Path.cwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(before)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """One consistent command line: one evaluation group, --output everywhere, the checkpoint always a --checkpoint,
 --no-progress wherever a bar is drawn, --version, a help written for users, and exit statuses that tell a usage
-error from bad data (documented in README)."""
+error from bad data (documented in docs/guide.md)."""
 
 from __future__ import annotations
 
@@ -153,8 +153,8 @@ def test_a_usage_error_exits_2_and_bad_data_or_config_exits_65(tmp_path, capsys)
     assert cli.main(["status", str(tmp_path / "no-run")]) == EXIT_DATA
 
 
-def test_readme_documents_every_exit_status():
-    readme = (ROOT / "README.md").read_text()
+def test_the_guide_documents_every_exit_status():
+    readme = (ROOT / "docs" / "guide.md").read_text()
     section = readme.split("## Exit status", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| (\d+) \| (.+?) \|$", section, re.M))
     assert {int(code) for code in rows} == set(EXIT_CODES)
@@ -162,7 +162,7 @@ def test_readme_documents_every_exit_status():
 
 def test_readme_describes_the_training_input_as_it_is():
     """Ray Data writes the shards; each worker reads them with its own seeded Parquet reader, for exact resume."""
-    intro = (ROOT / "README.md").read_text().split("## The model in five lines", 1)[0]
+    intro = (ROOT / "README.md").read_text().split("## What the main job shows", 1)[0]
     assert "Ray Data streams" not in intro
     for said in ("Parquet shards", "its own Parquet reader", "example order", "resumes on exactly the examples"):
         assert said in intro, said

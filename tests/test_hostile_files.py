@@ -1,7 +1,7 @@
 """Hostile files and careless set-ups (issue 32): no run deletes another's checkpoints, no job uploads a secret, no
 file can exhaust the machine. Each test builds the file or the set-up a user (or an attacker who can write one
 input) could make, runs the real code on it, and checks the one-line refusal or the counted skip it gets.
-README.md, "Reliability: hostile files and careless set-ups", lists them.
+docs/reliability.md, "Reliability: hostile files and careless set-ups", lists them.
 """
 
 from __future__ import annotations
