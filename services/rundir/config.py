@@ -103,7 +103,7 @@ class TrainSection:
     num_workers: int = 1
     # 0: a fixed group of num_workers (a restart waits for all of them). 1..num_workers: an elastic group of
     # min_workers to num_workers (Ray Train's ScalingConfig(num_workers=(min, max))): a run that loses a node
-    # restarts from its last checkpoint on the workers that remain (docs/operations.md "Failures": a caveat of Ray 2.60). The
+    # restarts from its last checkpoint on the workers that remain (docs/operations.md, "Failures": Ray 2.60). The
     # global batch is split among however many there are, so it must be a multiple of micro_batch_size x w for
     # every w in range. Exact in data; in losses too only without dropout (its masks are drawn per rank).
     min_workers: int = 0
