@@ -79,6 +79,18 @@ def preprocess_text(text: str, *, lower_case: bool = True, keep_accents: bool = 
     return text
 
 
+def preprocess_sentences(tokenizer: Tokenizer, sentences: list[str]) -> list[str]:
+    """[tokenizer.preprocess(s) for s in sentences] in one call on the newline-joined text. Equal because
+    sentences hold no newline (split_sentences collapses whitespace) and every step stops at a newline
+    (NFKD reordering, the final-sigma rule of lower())."""
+    if not sentences:
+        return []
+    text = "\n".join(sentences)
+    if text.count("\n") != len(sentences) - 1:  # a sentence with a newline: the plain way
+        return [tokenizer.preprocess(s) for s in sentences]
+    return tokenizer.preprocess(text).split("\n")
+
+
 def is_word_start_piece(piece: str) -> bool:
     """The whole-word rule of the original ALBERT: a piece starts a word if it starts with "▁", is made of
     punctuation only, or starts with a non-ASCII character (e.g. CJK, which has no spaces between words)."""

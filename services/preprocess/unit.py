@@ -36,7 +36,7 @@ from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, document
 from albert_core.files import file_sha256
 from albert_core.text.corpus import CorpusError, Document, Skip, read_documents, read_region
 from albert_core.text.sentences import split_sentences
-from albert_core.text.tokenization import Tokenizer
+from albert_core.text.tokenization import Tokenizer, preprocess_sentences
 from services.preprocess.config import PreprocessConfig, Unit
 from services.preprocess.layout import Layout, write_json_atomic
 
@@ -44,18 +44,6 @@ MAX_SKIP_EXAMPLES = 10  # skip details kept per file in the manifest
 GROUP_CHARS = 8_000_000  # a document group also closes at this many characters (bounds worker memory)
 HELDOUT_BATCH = 256  # held-out documents written at a time
 MARKER_SHA256 = ("sha256", "heldout_sha256", "pieces_sha256")  # a done marker's digests of Layout.unit_files
-
-
-def preprocess_sentences(tokenizer: Tokenizer, sentences: list[str]) -> list[str]:
-    """[tokenizer.preprocess(s) for s in sentences] in one call on the newline-joined text. Equal because
-    sentences hold no newline (split_sentences collapses whitespace) and every step stops at a newline
-    (NFKD reordering, the final-sigma rule of lower())."""
-    if not sentences:
-        return []
-    text = "\n".join(sentences)
-    if text.count("\n") != len(sentences) - 1:  # a sentence with a newline: the plain way
-        return [tokenizer.preprocess(s) for s in sentences]
-    return tokenizer.preprocess(text).split("\n")
 
 
 @dataclass
