@@ -86,7 +86,9 @@ def register_model_commands(commands: argparse._SubParsersAction) -> None:
     convert.add_argument("source", help="an albert model directory or a transformers checkpoint directory")
     convert.add_argument("output")
     convert.add_argument("--to", choices=["hf", "albert"], help="default: the other format than the source's")
-    convert.add_argument("--tokenizer", help="spiece.model to carry (default: found in or above the source)")
+    convert.add_argument(
+        "--tokenizer", help="spiece.model or WordPiece directory to carry (default: found in or above the source)"
+    )
     convert.add_argument("--force", action="store_true", help="replace the checkpoint in a non-empty output")
     convert.set_defaults(func=cmd_convert)
 

@@ -20,13 +20,12 @@ from albert_core.examples.pairs import IGNORE_LABEL
 from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR, document_hash
 from albert_core.text.corpus import CorpusError, Document, read_documents
 from albert_core.text.sentences import split_sentences
-from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, preprocess_sentences, train_tokenizer
 from services.preprocess.cli import register
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.pipeline import run_preprocess, stream_examples
 from services.preprocess.plan import list_input_files
-from services.preprocess.unit import preprocess_sentences
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from albert_core.files import leaves_directory
+from albert_core.text.tokenization import tokenizer_at
 
 EXAMPLE_SCHEMA = pa.schema(
     [
@@ -33,7 +34,6 @@ EXAMPLE_SCHEMA = pa.schema(
 
 MANIFEST_FILE = "manifest.json"  # the shard set's manifest (services/preprocess writes it)
 TRAIN_DIR = "train"
-TOKENIZER_MODEL = "spiece.model"
 
 
 class ManifestError(ValueError):
@@ -73,20 +73,33 @@ class ShardsManifest:
         return entry if isinstance(entry, dict) else {}
 
     def tokenizer_model(self) -> Path | None:
-        """The tokenizer model the shards were made with: spiece.model in the shards directory, in its
-        tokenizer/ folder, or where the manifest says; None when none of them exists."""
-        candidates = [self.directory / TOKENIZER_MODEL, self.directory / "tokenizer" / TOKENIZER_MODEL]
+        """The tokenizer the shards were made with, as `albert_core.text.tokenization.load_tokenizer` reads it (a
+        spiece.model, or a directory holding a WordPiece vocabulary): in the shards directory, in its tokenizer/
+        folder, or where the manifest says; None when none of them holds one."""
+        candidates = [self.directory, self.directory / "tokenizer"]
         named = self._tokenizer_entry.get("path")
         if isinstance(named, str):
             candidates.append(
                 Path(named) if Path(named).is_absolute() or Path(named).exists() else self.directory / named
             )
-        for path in candidates:
-            if path.is_dir():
-                path = path / TOKENIZER_MODEL
-            if path.is_file():
-                return path
-        return None
+        return next((found for path in candidates if (found := tokenizer_at(path)) is not None), None)
+
+    @property
+    def tokenizer_kind(self) -> str:
+        """The kind of tokenizer the manifest records (SentencePiece when it says none: made before WordPiece)."""
+        kind = self._tokenizer_entry.get("kind")
+        return kind if isinstance(kind, str) and kind else "SentencePiece"
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """The special ids the manifest records as {"pad_id": ..., "unk_id", "cls_id", "sep_id", "mask_id"}; empty
+        when it records none (ALBERT's layout then)."""
+        recorded = self._tokenizer_entry.get("special_ids")
+        if not isinstance(recorded, dict):
+            return {}
+        ids = {f"{name}_id": recorded.get(name) for name in ("pad", "unk", "cls", "sep", "mask")}
+        ok = all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids.values())
+        return ids if ok else {}
 
     @property
     def vocab_size(self) -> int | None:

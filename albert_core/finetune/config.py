@@ -126,7 +126,7 @@ class FinetuneConfig:
     # custom: informational (the files are in `custom`)
     checkpoint: str | None = None  # a model directory (ours or transformers'); None: random init of `model`
     model: AlbertConfig | None = None  # the architecture to initialize randomly when there is no checkpoint
-    tokenizer: str | None = None  # spiece.model or its directory; None: the one in/above the checkpoint directory
+    tokenizer: str | None = None  # spiece.model or a tokenizer directory; None: the one in/above the checkpoint dir
     seed: int = 12345
     overrides: dict[str, Any] = field(default_factory=dict)  # TaskHyperparams fields replacing the recipe's
     max_steps: int | None = None  # a shorter run: train_steps := max_steps, warmup scaled by the same factor
@@ -194,12 +194,13 @@ class FinetuneConfig:
         return h
 
     def tokenizer_path(self) -> Path:
-        """`tokenizer`, else the spiece.model in or above the checkpoint directory (the search `albert convert`
-        shares); refused in one line naming both when its vocabulary is not the checkpoint's."""
-        from albert_core.text.vocabulary import check_tokenizer_fits, tokenizer_candidates
+        """`tokenizer`, else the spiece.model (or WordPiece vocabulary) in or above the checkpoint directory (the
+        search `albert convert` shares); refused in one line naming both when its vocabulary is not the
+        checkpoint's."""
+        from albert_core.text.vocabulary import check_tokenizer_fits, find_tokenizer, tokenizer_candidates
 
         candidates = tokenizer_candidates(self.checkpoint) if self.checkpoint is not None else []
-        found = next((path for path in candidates if path.is_file()), None)
+        found = find_tokenizer(self.checkpoint) if self.checkpoint is not None else None
         found = Path(self.tokenizer) if self.tokenizer is not None else found
         if found is not None:
             if self.checkpoint is not None:
@@ -207,6 +208,6 @@ class FinetuneConfig:
             return found
         tried = [str(path) for path in candidates]
         raise FileNotFoundError(
-            f"FinetuneConfig.tokenizer: not set, and no {MODEL_FILE} beside the checkpoint (tried {tried}); "
-            "pass the SentencePiece model the checkpoint was pretrained with"
+            f"FinetuneConfig.tokenizer: not set, and no {MODEL_FILE} or WordPiece vocab.txt / tokenizer.json beside "
+            f"the checkpoint (tried {tried}); pass the tokenizer the checkpoint was pretrained with"
         )

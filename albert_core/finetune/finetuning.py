@@ -30,7 +30,7 @@ from albert_core.finetune.tasks.race import RaceData
 from albert_core.finetune.tasks.squad import SquadData
 from albert_core.model.checkpoint import load_weights, read_checkpoint, save_model
 from albert_core.optim import make_optimizer, make_scheduler
-from albert_core.text.tokenization import Tokenizer
+from albert_core.text.tokenization import AnyTokenizer, load_tokenizer
 
 TaskData = GlueData | SquadData | RaceData | CustomData
 
@@ -44,7 +44,7 @@ class FinetuneInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def load_task_data(config: FinetuneConfig, tokenizer: Tokenizer, h: TaskHyperparams | None = None) -> TaskData:
+def load_task_data(config: FinetuneConfig, tokenizer: AnyTokenizer, h: TaskHyperparams | None = None) -> TaskData:
     """Read and encode the training data of config.task (dev and test are read when first needed)."""
     h = h or config.hyperparams()
     if config.task in SQUAD_TASKS:
@@ -142,7 +142,7 @@ class _Run:
 
     config: FinetuneConfig
     h: TaskHyperparams
-    tokenizer: Tokenizer
+    tokenizer: AnyTokenizer
     data: TaskData
     model: nn.Module
     device: torch.device
@@ -196,7 +196,7 @@ def _start(config: FinetuneConfig) -> _Run:
     """Recipe, device, tokenizer, task data, seeded model, optimizer and schedule; the output directory emptied."""
     h = config.hyperparams()
     device = resolve_device(config.device)
-    tokenizer = Tokenizer.load(config.tokenizer_path())
+    tokenizer = load_tokenizer(config.tokenizer_path())
     data = load_task_data(config, tokenizer, h)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
@@ -376,7 +376,7 @@ def _progress(total: int, enabled: bool, task: str):
 
 def score_outputs(config: FinetuneConfig, outputs: TaskOutputs) -> dict[str, float]:
     """The official metrics of saved outputs (e.g. an `ensemble`) on config.task's data (no model involved)."""
-    tokenizer = Tokenizer.load(config.tokenizer_path())
+    tokenizer = load_tokenizer(config.tokenizer_path())
     data = load_task_data(config, tokenizer)
     if outputs.task != config.task:
         raise ValueError(f"score_outputs: outputs are of task {outputs.task!r}, the config's task is {config.task!r}")
@@ -404,7 +404,7 @@ def score_ensemble(
     for d, splits in zip(dirs, saved, strict=True):
         if not splits:
             raise FileNotFoundError(f"score_ensemble: {d} holds no outputs_<split>.npz (was output_dir set?)")
-    data = load_task_data(config, Tokenizer.load(config.tokenizer_path()))
+    data = load_task_data(config, load_tokenizer(config.tokenizer_path()))
     result: dict[str, Any] = {"runs": len(dirs), "dev": {}, "test": {}, "files": {}}
     for split in sorted(set.intersection(*saved)):
         merged = ensemble([TaskOutputs.load(d / f"outputs_{split}.npz") for d in dirs])

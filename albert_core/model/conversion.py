@@ -3,7 +3,8 @@
 The weights go through `albert_core.model.interop` (explicit key maps). The tokenizer goes with them: spiece.model, the
 tokenizer_config.json transformers' AlbertTokenizer reads (do_lower_case and keep_accents as ours, our special
 tokens, token_type_ids among its outputs) and special_tokens_map.json, so `AutoTokenizer.from_pretrained(out)`
-gives the ids `albert_core.text.tokenization.Tokenizer` gives. It is the `tokenizer` given, else the spiece.model in or
+gives the ids `albert_core.text.tokenization.Tokenizer` gives; a WordPiece tokenizer (BERT) writes its own vocab.txt,
+tokenizer.json, tokenizer_config.json and special_tokens_map.json. It is the `tokenizer` given, else the one in or
 above the source directory (where `albert finetune` looks: a pretraining run keeps it in its run directory),
 checked against the checkpoint's vocabulary first.
 
@@ -22,8 +23,9 @@ from albert_core.files import CheckpointError, atomic_write_bytes
 from albert_core.model.checkpoint import CONFIG_FILE, load_weights, read_checkpoint, save_model
 from albert_core.model.interop import config_to_hf, save_hf_checkpoint
 from albert_core.model.modeling import AlbertForPreTraining
-from albert_core.text.tokenization import CLS, MASK, MODEL_FILE, PAD, SEP, UNK, Tokenizer
+from albert_core.text.tokenization import CLS, MASK, MODEL_FILE, PAD, SEP, UNK, AnyTokenizer, load_tokenizer
 from albert_core.text.vocabulary import (
+    SENTENCEPIECE,
     WORDPIECE_FILE,
     Vocabulary,
     check_vocabulary,
@@ -61,7 +63,7 @@ class Conversion:
 
     output: Path
     to: str  # "hf" | "albert"
-    tokenizer: Tokenizer | None  # the tokenizer written with the weights; None: the output has none
+    tokenizer: AnyTokenizer | None  # the tokenizer written with the weights; None: the output has none
     replaced: int = 0  # files of an earlier checkpoint removed from the output (force)
     warning: str | None = None  # one line when the output has no tokenizer
 
@@ -124,23 +126,26 @@ def _is_checkpoint_file(name: str) -> bool:
     return name in _CHECKPOINT_FILES or name.endswith(_CHECKPOINT_SUFFIXES)
 
 
-def resolve_tokenizer(source: str | Path, tokenizer: str | Path | None = None) -> tuple[Tokenizer | None, str]:
-    """The tokenizer to carry (the one given, else the spiece.model in or above `source`), or None and why not."""
+def resolve_tokenizer(source: str | Path, tokenizer: str | Path | None = None) -> tuple[AnyTokenizer | None, str]:
+    """The tokenizer to carry (the one given, else the spiece.model or WordPiece vocabulary in or above `source`), or
+    None and why not."""
     if tokenizer is not None:
-        return Tokenizer.load(tokenizer), ""
+        return load_tokenizer(tokenizer), ""
     found = find_tokenizer(source)
     if found is not None:
-        return Tokenizer.load(found), ""
-    if (Path(source) / WORDPIECE_FILE).is_file():
-        return None, f"{source} has a WordPiece {WORDPIECE_FILE}; albert reads SentencePiece models only"
-    return None, "found no " + " or ".join(str(p) for p in tokenizer_candidates(source))
+        return load_tokenizer(found), ""
+    where = ", ".join(str(p) for p in tokenizer_candidates(source))
+    return None, f"found no {MODEL_FILE} or WordPiece {WORDPIECE_FILE} / tokenizer.json in {where}"
 
 
-def write_tokenizer(tokenizer: Tokenizer, directory: str | Path, *, model_max_length: int) -> Path:
-    """spiece.model, spiece.vocab, tokenizer_config.json and special_tokens_map.json, for us and transformers."""
+def write_tokenizer(tokenizer: AnyTokenizer, directory: str | Path, *, model_max_length: int) -> Path:
+    """The tokenizer's files with special_tokens_map.json, for us and transformers: spiece.model, spiece.vocab and
+    tokenizer_config.json (SentencePiece, with ALBERT's special tokens), or vocab.txt, tokenizer.json and
+    tokenizer_config.json (WordPiece, which writes its own special tokens)."""
     path = tokenizer.save(directory, model_max_length=model_max_length)
-    special = json.dumps(SPECIAL_TOKENS, indent=2) + "\n"
-    atomic_write_bytes(Path(directory) / SPECIAL_TOKENS_FILE, special.encode("utf-8"))
+    if tokenizer.kind == SENTENCEPIECE:
+        special = json.dumps(SPECIAL_TOKENS, indent=2) + "\n"
+        atomic_write_bytes(Path(directory) / SPECIAL_TOKENS_FILE, special.encode("utf-8"))
     return path
 
 

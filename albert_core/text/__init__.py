@@ -1,3 +1,4 @@
 """From files to token ids: reading corpora (text folders, JSONL, Parquet, MediaWiki dumps; `corpus`), cutting big
 files into regions on record boundaries (`regions`), cleaning wikitext (`wikitext`), sentence splitting
-(`sentences`), the SentencePiece tokenizer and its training (`tokenization`), and vocabulary checks (`vocabulary`)."""
+(`sentences`), the SentencePiece tokenizer, its training and `load_tokenizer` (`tokenization`), the WordPiece
+tokenizer of BERT checkpoints (`wordpiece`), and vocabulary checks (`vocabulary`)."""

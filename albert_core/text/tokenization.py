@@ -9,6 +9,9 @@ Text is preprocessed as transformers' AlbertTokenizer does before the SentencePi
 "``" and "''" become '"', accents are removed (NFKD, then every combining mark dropped) unless
 `keep_accents`, and the text is lower-cased when `lower_case`. Whitespace is collapsed by the model's own
 normalizer (nmt_nfkc, with a dummy "▁" prefix).
+
+`load_tokenizer` is the one way in for a tokenizer a user names: a spiece.model (this module's `Tokenizer`), or a
+WordPiece vocabulary (BERT's vocab.txt / tokenizer.json: albert_core.text.wordpiece), with the same interface.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import numpy as np
 import sentencepiece as spm
 
 from albert_core.text.sentences import split_sentences
+from albert_core.text.wordpiece import TOKENIZER_FILE, WORDPIECE_FILES, WordPieceTokenizer, load_wordpiece
+from albert_core.text.wordpiece import VOCAB_FILE as WORDPIECE_VOCAB_FILE
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,18 @@ def preprocess_text(text: str, *, lower_case: bool = True, keep_accents: bool = 
     if lower_case:
         text = text.lower()
     return text
+
+
+def preprocess_sentences(tokenizer: Tokenizer, sentences: list[str]) -> list[str]:
+    """[tokenizer.preprocess(s) for s in sentences] in one call on the newline-joined text. Equal because
+    sentences hold no newline (split_sentences collapses whitespace) and every step stops at a newline
+    (NFKD reordering, the final-sigma rule of lower())."""
+    if not sentences:
+        return []
+    text = "\n".join(sentences)
+    if text.count("\n") != len(sentences) - 1:  # a sentence with a newline: the plain way
+        return [tokenizer.preprocess(s) for s in sentences]
+    return tokenizer.preprocess(text).split("\n")
 
 
 def is_word_start_piece(piece: str) -> bool:
@@ -213,13 +230,25 @@ def train_tokenizer(texts: Iterable[str], out_dir: Path, config: TokenizerTrainC
 
 class Tokenizer:
     """A SentencePiece model plus ALBERT's preprocessing. Picklable: it holds the serialized model and
-    rebuilds the SentencePieceProcessor lazily (e.g. after Ray ships it to a worker)."""
+    rebuilds the SentencePieceProcessor lazily (e.g. after Ray ships it to a worker). `model_max_length`: what the
+    tokenizer_config.json beside the model says (None when it says nothing)."""
 
-    def __init__(self, model_bytes: bytes, *, lower_case: bool = True, keep_accents: bool = False, name: str = ""):
+    kind = "SentencePiece"
+
+    def __init__(
+        self,
+        model_bytes: bytes,
+        *,
+        lower_case: bool = True,
+        keep_accents: bool = False,
+        name: str = "",
+        model_max_length: int | None = None,
+    ):
         self.model_bytes = bytes(model_bytes)
         self.lower_case = lower_case
         self.keep_accents = keep_accents
         self.name = name or "<in-memory spiece.model>"
+        self.model_max_length = model_max_length
         self.sha256 = hashlib.sha256(self.model_bytes).hexdigest()
         self._sp: spm.SentencePieceProcessor | None = None
         self._word_start_table: np.ndarray | None = None
@@ -241,10 +270,12 @@ class Tokenizer:
             raise FileNotFoundError(f"Tokenizer.load: no SentencePiece model at {model_path}")
         settings = {"do_lower_case": True, "keep_accents": False}
         config_path = os.path.join(os.path.dirname(model_path), CONFIG_FILE)
+        stored = {}
         if os.path.isfile(config_path):
             with open(config_path, encoding="utf-8") as f:
                 stored = json.load(f)
             settings.update({k: bool(stored[k]) for k in settings if k in stored})
+        limit = stored.get("model_max_length") if isinstance(stored, dict) else None
         if lower_case is not None:
             settings["do_lower_case"] = lower_case
         if "://" in model_path:
@@ -259,6 +290,7 @@ class Tokenizer:
             lower_case=settings["do_lower_case"],
             keep_accents=settings["keep_accents"],
             name=model_path,
+            model_max_length=limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
         )
 
     def save(self, out_dir: str | os.PathLike, *, model_max_length: int = 512) -> Path:
@@ -360,6 +392,10 @@ class Tokenizer:
         add_special_tokens=False) except where the text spells a special token ("[MASK]") literally."""
         return self.sp.encode(self.preprocess(text))
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """[self.encode(t) for t in texts], preprocessed and encoded in one call each (on this thread)."""
+        return self.sp.encode(preprocess_sentences(self, texts), num_threads=1)
+
     def encode_pieces(self, text: str) -> list[str]:
         return self.sp.encode(self.preprocess(text), out_type=str)
 
@@ -395,6 +431,41 @@ class Tokenizer:
         )
 
 
+AnyTokenizer = Tokenizer | WordPieceTokenizer  # what load_tokenizer gives: the same interface
+
+
+def tokenizer_at(path: str | os.PathLike) -> Path | None:
+    """What `load_tokenizer` reads at `path`: a spiece.model file (given, or in the directory given), or a
+    directory holding a WordPiece vocab.txt / tokenizer.json (given, or the directory of the one given); None when
+    there is neither."""
+    path = Path(path)
+    if path.is_file():
+        return path.parent if path.name in WORDPIECE_FILES else path
+    if (path / MODEL_FILE).is_file():
+        return path / MODEL_FILE
+    if any((path / name).is_file() for name in WORDPIECE_FILES):
+        return path
+    return None
+
+
+def load_tokenizer(path: str | os.PathLike) -> AnyTokenizer:
+    """The tokenizer at `path`: a spiece.model or a directory holding one (`Tokenizer`, ALBERT), else a directory
+    holding a WordPiece vocab.txt and/or tokenizer.json (`WordPieceTokenizer`, BERT; a path to either file means
+    its directory). FileNotFoundError in one line saying what it expected when the path holds none of them."""
+    if "://" in str(path):
+        return Tokenizer.load(path)
+    found = tokenizer_at(path)
+    if found is None:
+        why = "no such file or directory"
+        if Path(path).is_dir():
+            why = f"a directory without {MODEL_FILE}, {WORDPIECE_VOCAB_FILE} or {TOKENIZER_FILE}"
+        raise FileNotFoundError(
+            f"no SentencePiece model at {path} ({why}); expected a {MODEL_FILE} (ALBERT), or a model or tokenizer "
+            f"directory holding {MODEL_FILE} or a WordPiece {WORDPIECE_VOCAB_FILE} / {TOKENIZER_FILE} (BERT)"
+        )
+    return load_wordpiece(found) if found.is_dir() else Tokenizer.load(found)
+
+
 @dataclass(frozen=True)
 class TokenIds:
     """The ids training and evaluation need from the tokenizer. Defaults: ALBERT's (pad, unk, cls, sep, mask = 0..4)."""
@@ -412,7 +483,7 @@ class TokenIds:
         return frozenset((self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id))
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Tokenizer) -> TokenIds:
+    def from_tokenizer(cls, tokenizer: AnyTokenizer) -> TokenIds:
         return cls(
             vocab_size=tokenizer.vocab_size,
             pad_id=tokenizer.pad_id,

@@ -3,8 +3,9 @@
 A model's embedding rows are indexed by one tokenizer's ids. Fed another tokenizer's ids it runs and reports
 nonsense (mlm_acc 0.0 after minutes), so `albert evaluate`, `albert finetune` and `albert convert` compare, before
 anything slow starts: the checkpoint's `vocab_size` (config.json) with the tokenizer's piece count, and the
-tokenizer files the checkpoint directory carries itself (spiece.model, or a WordPiece vocab.txt) with the tokenizer.
-Reading only config.json and the tokenizer files, the checks take milliseconds.
+tokenizer files the checkpoint directory carries itself (spiece.model, or a WordPiece vocab.txt) with the tokenizer:
+the same kind (SentencePiece or WordPiece) and the same sha256 (of the spiece.model, or of the vocab.txt). Reading
+only config.json and the tokenizer files, the checks take milliseconds (a tenth of a second for a tokenizer.json).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import sentencepiece as spm
 
 from albert_core.examples.shards import MANIFEST_FILE, ShardsManifest
 from albert_core.files import CheckpointError
-from albert_core.text.tokenization import MODEL_FILE, Tokenizer
+from albert_core.text.tokenization import MODEL_FILE, AnyTokenizer, Tokenizer, load_tokenizer, tokenizer_at
+from albert_core.text.wordpiece import VOCAB_FILE, WordPieceTokenizer, read_vocab, vocab_sha256
 
-WORDPIECE_FILE = "vocab.txt"  # BERT's WordPiece vocabulary, one token per line
-SENTENCEPIECE, WORDPIECE = "SentencePiece", "WordPiece"
+WORDPIECE_FILE = VOCAB_FILE  # BERT's WordPiece vocabulary, one token per line
+SENTENCEPIECE, WORDPIECE = Tokenizer.kind, WordPieceTokenizer.kind
 
 
 class VocabularyMismatch(CheckpointError):
@@ -38,8 +40,8 @@ class Vocabulary:
     sha256: str | None = None
 
     @classmethod
-    def of(cls, tokenizer: Tokenizer) -> Vocabulary:
-        return cls(SENTENCEPIECE, tokenizer.name, tokenizer.vocab_size, tokenizer.sha256)
+    def of(cls, tokenizer: AnyTokenizer) -> Vocabulary:
+        return cls(tokenizer.kind, tokenizer.name, tokenizer.vocab_size, tokenizer.sha256)
 
     def describe(self, *, with_hash: bool = False) -> str:
         unit = "pieces" if self.kind == SENTENCEPIECE else "tokens"
@@ -49,15 +51,17 @@ class Vocabulary:
 
 
 def tokenizer_candidates(checkpoint: str | Path) -> list[Path]:
-    """Where a checkpoint's spiece.model may be: in its directory or up to two levels above (a pretraining run
-    keeps it in the run directory, its checkpoints in run_dir/checkpoints/step_N)."""
+    """The directories that may hold a checkpoint's tokenizer (a spiece.model or a WordPiece vocabulary): its own
+    or up to two levels above (a pretraining run keeps it in the run directory, its checkpoints in
+    run_dir/checkpoints/step_N)."""
     directory = Path(checkpoint)
-    return [d / MODEL_FILE for d in (directory, directory.parent, directory.parent.parent)]
+    return [directory, directory.parent, directory.parent.parent]
 
 
 def find_tokenizer(checkpoint: str | Path) -> Path | None:
-    """The first spiece.model of `tokenizer_candidates`, or None."""
-    return next((path for path in tokenizer_candidates(checkpoint) if path.is_file()), None)
+    """The first tokenizer `tokenizer_candidates` hold, as `load_tokenizer` reads it (a spiece.model, or a
+    directory holding a WordPiece vocabulary), or None."""
+    return next((found for d in tokenizer_candidates(checkpoint) if (found := tokenizer_at(d)) is not None), None)
 
 
 def checkpoint_vocab_size(checkpoint: str | Path) -> int | None:
@@ -81,7 +85,8 @@ def own_vocabulary(checkpoint: str | Path) -> Vocabulary | None:
             size = None
         return Vocabulary(SENTENCEPIECE, str(spiece), size, hashlib.sha256(data).hexdigest())
     if wordpiece.is_file():
-        return Vocabulary(WORDPIECE, str(wordpiece), len(wordpiece.read_text(encoding="utf-8").splitlines()))
+        tokens = read_vocab(wordpiece)
+        return Vocabulary(WORDPIECE, str(wordpiece), len(tokens), vocab_sha256(tokens))
     return None
 
 
@@ -107,23 +112,25 @@ def check_vocabulary(checkpoint: str | Path, tokenizer: Vocabulary, role: str = 
 
 
 def check_tokenizer_fits(checkpoint: str | Path, tokenizer: str | Path | None = None) -> None:
-    """For fine-tuning: the tokenizer given (spiece.model or its directory), else the one `find_tokenizer` finds,
-    must be the checkpoint's vocabulary. Without either there is nothing to compare (the loader reports that)."""
+    """For fine-tuning: the tokenizer given (spiece.model, or a directory holding it or a WordPiece vocabulary), else
+    the one `find_tokenizer` finds, must be the checkpoint's vocabulary. Without either there is nothing to compare
+    (the loader reports that)."""
     path = Path(tokenizer) if tokenizer is not None else find_tokenizer(checkpoint)
-    if path is not None and (path.is_file() or (path / MODEL_FILE).is_file()):
-        check_vocabulary(checkpoint, Vocabulary.of(Tokenizer.load(path)))
+    if path is not None and tokenizer_at(path) is not None:
+        check_vocabulary(checkpoint, Vocabulary.of(load_tokenizer(path)))
 
 
 def heldout_vocabulary(heldout_path: str | Path) -> Vocabulary | None:
     """The tokenizer a held-out file (<shards>/heldout/documents.parquet) was made with, from the shards' manifest
-    (or the spiece.model beside it); None when the shard set does not say."""
+    (or the tokenizer beside it); None when the shard set does not say."""
     shards = Path(heldout_path).parent.parent
     manifest = ShardsManifest.read(shards)
     model = manifest.tokenizer_model()
     if model is not None:
-        return Vocabulary.of(Tokenizer.load(model))
+        return Vocabulary.of(load_tokenizer(model))
     if manifest.vocab_size is not None:
-        return Vocabulary(SENTENCEPIECE, str(shards / MANIFEST_FILE), manifest.vocab_size, manifest.tokenizer_sha256)
+        where = str(shards / MANIFEST_FILE)
+        return Vocabulary(manifest.tokenizer_kind, where, manifest.vocab_size, manifest.tokenizer_sha256)
     return None
 
 

@@ -18,7 +18,7 @@ def cmd_data_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig
+    from albert_core.text.tokenization import TokenizerTrainConfig, load_tokenizer
     from services.data.tokenizer import train_on_corpus
 
     config = TokenizerTrainConfig(
@@ -27,7 +27,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         allow_smaller_vocab=args.allow_smaller_vocab,
     )
     path = train_on_corpus(args.input, Path(args.output), config)
-    tokenizer = Tokenizer.load(path)
+    tokenizer = load_tokenizer(path)
     print(f"wrote {path} ({tokenizer.vocab_size} pieces, sha256 {tokenizer.sha256[:12]})")
     return 0
 

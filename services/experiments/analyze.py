@@ -50,7 +50,7 @@ def _text_sequences(
 ) -> tuple[list[list[int]], int]:
     """[CLS] paragraph [SEP] token ids and the pad id, with the checkpoint's own tokenizer (spiece.model,
     tokenizer.json or vocab.txt in its directory), else with `tokenizer` (a spiece.model)."""
-    from albert_core.text.tokenization import MODEL_FILE, Tokenizer
+    from albert_core.text.tokenization import MODEL_FILE, load_tokenizer
 
     if (checkpoint / "tokenizer.json").is_file() or (checkpoint / "vocab.txt").is_file():
         from transformers import AutoTokenizer
@@ -64,7 +64,7 @@ def _text_sequences(
             f"{checkpoint}: no tokenizer for the text input: put spiece.model, tokenizer.json or vocab.txt in the "
             "checkpoint directory, or pass --tokenizer spiece.model"
         )
-    tok = Tokenizer.load(spiece)
+    tok = load_tokenizer(spiece)
     body = max_seq_length - 2
     return [[tok.cls_id, *tok.encode(p)[:body], tok.sep_id] for p in paragraphs], tok.pad_id
 
@@ -74,11 +74,11 @@ def _heldout_sequences(
 ) -> tuple[list[list[int]], list[list[int]], int, int]:
     """Unmasked consecutive-segment pairs from held-out documents: (ids, token types, pad id, vocab size)."""
     from albert_core.evaluation.intrinsic import read_heldout
-    from albert_core.text.tokenization import TokenIds, Tokenizer
+    from albert_core.text.tokenization import TokenIds, load_tokenizer
     from services.train.plan import resolve_token_ids
 
     if tokenizer:
-        ids = TokenIds.from_tokenizer(Tokenizer.load(tokenizer))
+        ids = TokenIds.from_tokenizer(load_tokenizer(tokenizer))
     else:
         shards = heldout.parent.parent  # <shards>/heldout/documents.parquet
         try:

@@ -44,9 +44,9 @@ def _print_plan(spec: ExperimentSpec) -> int:
 
     vocab = 30000  # when neither the recipe nor a tokenizer says
     if spec.preprocess is not None and Path(spec.preprocess.tokenizer).exists():
-        from albert_core.text.tokenization import Tokenizer
+        from albert_core.text.tokenization import load_tokenizer
 
-        vocab = Tokenizer.load(spec.preprocess.tokenizer).vocab_size
+        vocab = load_tokenizer(spec.preprocess.tokenizer).vocab_size
     for cell in spec.expand():
         config = cell_config(spec, cell)
         params = count_parameters(config.model_config(config.model.overrides.get("vocab_size") or vocab))

@@ -97,9 +97,9 @@ def _cli_overrides(args: Namespace) -> dict[str, Any]:
             raise UsageError("albert finetune: give --checkpoint (pretrained) or --preset (random init), not both")
         if not args.tokenizer:
             raise UsageError("albert finetune: --preset (random init) needs --tokenizer")
-        from albert_core.text.tokenization import Tokenizer
+        from albert_core.text.tokenization import load_tokenizer
 
-        vocab = Tokenizer.load(args.tokenizer).vocab_size
+        vocab = load_tokenizer(args.tokenizer).vocab_size
         overrides["model"] = AlbertConfig.preset(args.preset, vocab_size=vocab)
     elif not args.checkpoint:
         raise UsageError("albert finetune: --checkpoint (a pretrained model directory) or --preset is required")
@@ -212,7 +212,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", help="the task's data folder (official layout; custom: train.csv, dev.csv, ...)")
     parser.add_argument("--checkpoint", help="pretrained model directory (ours or transformers')")
     parser.add_argument("--preset", help="instead of --checkpoint: a randomly initialized preset (baseline)")
-    parser.add_argument("--tokenizer", help="spiece.model (default: found in or above the checkpoint directory)")
+    parser.add_argument(
+        "--tokenizer", help="spiece.model or a tokenizer directory (default: the one in or above the checkpoint)"
+    )
     parser.add_argument("--seeds", type=int, help="number of runs (default: 5 for GLUE, else 1)")
     parser.add_argument("--seed", type=int, default=BASE_SEED, help="first seed; runs use seed, seed+1, ...")
     parser.add_argument("--max-steps", type=int, help="shorter run: train steps (warmup scaled alike)")

@@ -22,7 +22,7 @@ from typing import Any
 
 from albert_core.examples.shards import MANIFEST_FILE, ShardsManifest
 from albert_core.files import file_lock
-from albert_core.text.tokenization import Tokenizer
+from albert_core.text.tokenization import AnyTokenizer
 from services.preprocess.checks import check_output, check_tokenizer
 from services.preprocess.config import DEFAULTS, SHAPE, SHAPE_FLAGS, InputFile, PreprocessConfig
 from services.preprocess.layout import Layout
@@ -75,7 +75,7 @@ def set_tokenizer(shard_set: ShardsManifest, given: str | None) -> str:
     return str(model)
 
 
-def check_same_tokenizer(tokenizer: Tokenizer, shard_set: ShardsManifest, given: str | None) -> None:
+def check_same_tokenizer(tokenizer: AnyTokenizer, shard_set: ShardsManifest, given: str | None) -> None:
     """ValueError unless `tokenizer` is the set's: the same model (sha256) and the same text preprocessing (the
     casing and accents the manifest records): the same model read with other settings makes other pieces."""
     what = f"--tokenizer {given}" if given is not None else f"the shard set's tokenizer {tokenizer.name}"
@@ -91,7 +91,7 @@ def check_same_tokenizer(tokenizer: Tokenizer, shard_set: ShardsManifest, given:
 
 
 def claim_part(
-    config: PreprocessConfig, tokenizer: Tokenizer, files: list[InputFile], name: str | None
+    config: PreprocessConfig, tokenizer: AnyTokenizer, files: list[InputFile], name: str | None
 ) -> PreprocessJob:
     """Under the set's manifest lock: its parts re-read, the inputs and the part name checked against them, the
     units numbered after its shards, and .progress/part-<k>/ claimed for this plan."""

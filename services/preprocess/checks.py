@@ -1,14 +1,14 @@
 """What `albert preprocess` checks before Ray starts, so that a mistake costs a second, not Ray's start-up: the
 command line's numbers, each input (one that matches nothing is an error unless missing inputs are skipped),
-the tokenizer (it loads; --max-seq-length within its model_max_length) and the output directory. And, after the
-run, that it made training examples at all: a run without any is an error, never an empty shard set.
+the tokenizer (it loads, SentencePiece or WordPiece; --max-seq-length within its model_max_length) and the output
+directory. And, after the run, that it made training examples at all: a run without any is an error, never an
+empty shard set.
 
 Pure Python: no Ray, and nothing here writes.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -19,7 +19,7 @@ import fsspec
 if TYPE_CHECKING:
     from argparse import Namespace
 
-    from albert_core.text.tokenization import Tokenizer
+    from albert_core.text.tokenization import AnyTokenizer
     from services.preprocess.config import PreprocessConfig
 
 EXPECTED_INPUT = "expected a corpus file, a directory of them, a glob or an fsspec URL"
@@ -55,33 +55,31 @@ DEFAULT_MAX_POSITIONS = 512  # ALBERT's position embeddings: the limit when the 
 MAX_POSITIONS = 1 << 16  # a model_max_length above this is "no limit" (transformers writes int(1e30))
 
 
-def check_tokenizer(config: PreprocessConfig) -> Tokenizer:
-    """The tokenizer, loaded (FileNotFoundError / ValueError naming the file), with max_seq_length at most the
-    model_max_length its tokenizer_config.json records (512 for ours: ALBERT's position embeddings), or 512 when
-    there is no such file or it names no usable limit."""
-    from albert_core.text.tokenization import CONFIG_FILE, Tokenizer
+def check_tokenizer(config: PreprocessConfig) -> AnyTokenizer:
+    """The tokenizer (a spiece.model, or a model directory's SentencePiece or WordPiece vocabulary), loaded
+    (FileNotFoundError / ValueError naming the file), with max_seq_length at most the model_max_length its
+    tokenizer_config.json records (512 for ours: ALBERT's position embeddings), or 512 when there is no such file
+    or it names no usable limit."""
+    from albert_core.text.tokenization import load_tokenizer
 
     try:
-        tokenizer = Tokenizer.load(config.tokenizer)
+        tokenizer = load_tokenizer(config.tokenizer)
     except FileNotFoundError:
         raise
-    except OSError as err:
+    except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"tokenizer {config.tokenizer}: cannot be read ({err})") from None
-    stored = Path(tokenizer.name).parent / CONFIG_FILE
-    try:
-        limit = json.loads(stored.read_text(encoding="utf-8")).get("model_max_length")
-    except (OSError, ValueError, AttributeError):
-        limit = None
-    if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit <= MAX_POSITIONS:
+    limit = tokenizer.model_max_length
+    if limit is not None and 0 < limit <= MAX_POSITIONS:
         if config.max_seq_length > limit:
             raise ValueError(
-                f"max_seq_length {config.max_seq_length}: above the tokenizer's model_max_length {limit} ({stored}); "
-                f"the models take at most {limit} positions, so use --max-seq-length {limit} or less"
+                f"max_seq_length {config.max_seq_length}: above the tokenizer's model_max_length {limit} "
+                f"({tokenizer.name}); the models take at most {limit} positions, use --max-seq-length {limit} or less"
             )
     elif config.max_seq_length > DEFAULT_MAX_POSITIONS:
         raise ValueError(
             f"max_seq_length {config.max_seq_length}: above {DEFAULT_MAX_POSITIONS} positions, ALBERT's, and "
-            f"{stored} names no model_max_length to allow more; use --max-seq-length {DEFAULT_MAX_POSITIONS} or less"
+            f"the tokenizer {tokenizer.name} names no model_max_length (tokenizer_config.json) to allow more; "
+            f"use --max-seq-length {DEFAULT_MAX_POSITIONS} or less"
         )
     return tokenizer
 

@@ -191,7 +191,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--input", nargs="+", required=True, help="files, directories, globs or fsspec URLs")
     p.add_argument(
-        "--tokenizer", help="spiece.model (or its directory); with --append-to: the set's, another sha256 is refused"
+        "--tokenizer",
+        help="spiece.model, or a model or tokenizer directory holding spiece.model (ALBERT) or a WordPiece vocab.txt / "
+        "tokenizer.json (BERT); with --append-to: the set's, another sha256 is refused",
     )
     p.add_argument("--output", help="output directory (rerun into it to resume); required unless --append-to")
     p.add_argument(

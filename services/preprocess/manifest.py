@@ -42,7 +42,7 @@ from services.preprocess.layout import write_json_atomic
 from services.preprocess.unit import MAX_SKIP_EXAMPLES
 
 if TYPE_CHECKING:
-    from albert_core.text.tokenization import Tokenizer
+    from albert_core.text.tokenization import AnyTokenizer
     from services.preprocess.layout import Layout
 
 MANIFEST_VERSION = 3  # 2: "parts"; 3: documents known by the sha256 of their text, piece counts per part
@@ -194,23 +194,27 @@ def set_manifest(head: dict[str, Any], parts: list[dict], files: dict[str, dict]
     }
 
 
-def manifest_head(config_json: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
+def manifest_head(config_json: dict[str, Any], tokenizer: AnyTokenizer) -> dict[str, Any]:
+    """The version, config, tokenizer and schema of a shard set. The tokenizer is known by its kind (SentencePiece
+    or WordPiece) and sha256 (of its spiece.model, or of its vocab.txt), with its special ids."""
     return {
         "version": MANIFEST_VERSION,
         "config": config_json,
         "tokenizer": {
             "path": config_json["tokenizer"],
+            "kind": tokenizer.kind,
             "sha256": tokenizer.sha256,
             "vocab_size": tokenizer.vocab_size,
             "lower_case": tokenizer.lower_case,
             "keep_accents": tokenizer.keep_accents,
+            "special_ids": {name: getattr(tokenizer, f"{name}_id") for name in ("pad", "unk", "cls", "sep", "mask")},
         },
         "schema": EXAMPLE_SCHEMA.names,
     }
 
 
 def commit_part(
-    layout: Layout, entry: dict, files: dict, head: dict, tokenizer: Tokenizer, timings: dict, units: Sequence[int]
+    layout: Layout, entry: dict, files: dict, head: dict, tokenizer: AnyTokenizer, timings: dict, units: Sequence[int]
 ) -> dict[str, Any]:
     """Write manifest.json with part `layout.part` = entry (`files`: its input files' counts, `units`: its unit
     numbers), under the set's manifest lock: the manifest re-read there, the piece counts of the part (summed over
@@ -232,7 +236,7 @@ def commit_part(
     return manifest
 
 
-def sum_counts(paths: Sequence[Path], tokenizer: Tokenizer) -> UnigramBaseline:
+def sum_counts(paths: Sequence[Path], tokenizer: AnyTokenizer) -> UnigramBaseline:
     """The piece counts of these files (albert_core.evaluation.unigram's format) added up; special pieces count 0."""
     total = np.zeros(tokenizer.vocab_size, dtype=np.int64)
     for path in paths:
@@ -241,7 +245,7 @@ def sum_counts(paths: Sequence[Path], tokenizer: Tokenizer) -> UnigramBaseline:
     return UnigramBaseline(total)
 
 
-def _part_counts(root: Path, k: int, part: dict, tokenizer: Tokenizer) -> Path:
+def _part_counts(root: Path, k: int, part: dict, tokenizer: AnyTokenizer) -> Path:
     """Part k's piece counts file; counted from its shards (by row group) for a part committed before parts had
     one."""
     path = root / part_unigram_file(k)

@@ -8,9 +8,10 @@ entered in the middle: one reader streams it and cuts it into chunks of whole re
 is a unit handed to the workers with its bytes. One unit becomes one shard, `<output>/train/shard-XXXXX.parquet`
 (XXXXX = unit index), so a shard's content depends only on its input and the seed, never on scheduling:
 
-    units (one row each) ┬─ Ray Data map_batches (tasks of 1 CPU; SentencePiece built once per worker process)
+    units (one row each) ┬─ Ray Data map_batches (tasks of 1 CPU; the tokenizer built once per worker process)
     stream files ─ flat_map: read once, cut into chunks ┘
-        per unit: read its documents → held out? (sha256 of the text) → split_sentences → SentencePiece encode
+        per unit: read its documents → held out? (sha256 of the text) → split_sentences → encode (SentencePiece
+                  or WordPiece: albert_core.text.tokenization.load_tokenizer)
                   → create_pairs per group of `docs_per_group` documents (each document's draws seeded by
                     (seed, its hash); NSP draws its random B in the group) → Arrow tables in EXAMPLE_SCHEMA
         → the shard, its held-out documents and its piece counts, each written as made to a partial file, renamed
@@ -49,7 +50,7 @@ from albert_core.examples.shards import HELDOUT_SCHEMA
 from albert_core.files import file_sha256
 from albert_core.text.corpus import CorpusError, Skip
 from albert_core.text.regions import STREAM_EXPANSION, stream_chunks
-from albert_core.text.tokenization import Tokenizer
+from albert_core.text.tokenization import AnyTokenizer, load_tokenizer
 from services.preprocess.checks import check_examples
 from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig, StreamInput, Unit
 from services.preprocess.layout import Layout
@@ -62,14 +63,14 @@ from services.terminal import start_ray
 # Ray Data glue
 
 
-_TOKENIZERS: dict[str, Tokenizer] = {}  # per worker process: SentencePiece and the word-start table built once
+_TOKENIZERS: dict[str, AnyTokenizer] = {}  # per worker process: the tokenizer and word-start table built once
 
 
-def _worker_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
+def _worker_tokenizer(tokenizer: AnyTokenizer) -> AnyTokenizer:
     """The process's ready copy of `tokenizer` (Ray reuses worker processes across tasks)."""
     cached = _TOKENIZERS.get(tokenizer.sha256)
     if cached is None or (cached.lower_case, cached.keep_accents) != (tokenizer.lower_case, tokenizer.keep_accents):
-        _ = tokenizer.sp, tokenizer.word_start_table
+        _ = tokenizer.encode(""), tokenizer.word_start_table
         _TOKENIZERS[tokenizer.sha256] = cached = tokenizer
     return cached
 
@@ -83,7 +84,7 @@ def _rows(batch: dict[str, np.ndarray]) -> Iterator[tuple[Unit, StreamData | Non
 
 
 def _write_shards(
-    batch: dict[str, np.ndarray], tokenizer: Tokenizer, config: PreprocessConfig, fingerprint: str, layout: Layout
+    batch: dict[str, np.ndarray], tokenizer: AnyTokenizer, config: PreprocessConfig, fingerprint: str, layout: Layout
 ):
     """map_batches task: commit each unit of the batch; a CorpusError comes back as data, so the driver can raise
     it naming the file and line/record (not wrapped in Ray's task error)."""
@@ -98,7 +99,9 @@ def _write_shards(
     return {"summary": np.array(out, dtype=object)}
 
 
-def _stream_tables(batch: dict[str, np.ndarray], tokenizer: Tokenizer, config: PreprocessConfig) -> Iterator[pa.Table]:
+def _stream_tables(
+    batch: dict[str, np.ndarray], tokenizer: AnyTokenizer, config: PreprocessConfig
+) -> Iterator[pa.Table]:
     tokenizer = _worker_tokenizer(tokenizer)
     for unit, data in _rows(batch):
         transform = UnitTransform(unit, tokenizer, config, heldout=lambda table: None, stream=data)
@@ -168,7 +171,7 @@ def _work_dataset(units: list[Unit], streams: list[StreamInput], done: set[int],
 def stream_examples(config: PreprocessConfig):
     """The examples as a ray.data.Dataset of EXAMPLE_SCHEMA rows, made on the fly (nothing is written): the same
     rows and ids as the shards run_preprocess writes (in unit order when the input has no stream file)."""
-    tokenizer = Tokenizer.load(config.tokenizer)
+    tokenizer = load_tokenizer(config.tokenizer)
     plan = plan_units(list_input_files(config), config)
     kwargs = {"tokenizer": tokenizer, "config": config}
     ds = _work_dataset(list(plan.units), list(plan.streams), set(), _stream_tables, kwargs, config)

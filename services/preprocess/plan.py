@@ -13,7 +13,7 @@ from albert_core.examples.shards import MANIFEST_FILE, TRAIN_DIR
 from albert_core.files import HeldLock
 from albert_core.text.corpus import Region, list_inputs
 from albert_core.text.regions import is_index, plan_file
-from albert_core.text.tokenization import Tokenizer
+from albert_core.text.tokenization import AnyTokenizer
 from services.preprocess.checks import EXPECTED_INPUT, MISSING_HINT, check_output, check_tokenizer, missing_input
 from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig, StreamInput, Unit
 from services.preprocess.layout import PLAN_FILE, PROGRESS_DIR, Layout, write_json_atomic
@@ -78,7 +78,7 @@ class Plan:
         """Bytes on disk the run reads."""
         return sum(u.size for u in self.units) + sum(s.file.size for s in self.streams)
 
-    def fingerprint(self, config: PreprocessConfig, tokenizer: Tokenizer) -> str:
+    def fingerprint(self, config: PreprocessConfig, tokenizer: AnyTokenizer) -> str:
         plan = {
             "options": config.output_options(),
             "tokenizer_sha256": tokenizer.sha256,
@@ -184,7 +184,7 @@ class PreprocessJob:
     """A checked and planned run, made before Ray starts (plan_preprocess; services.preprocess.append for a part
     appended to a shard set)."""
 
-    tokenizer: Tokenizer
+    tokenizer: AnyTokenizer
     plan: Plan
     fingerprint: str
     lock: HeldLock  # the part's run lock, held from the claim until the run ends

@@ -36,7 +36,7 @@ from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, document
 from albert_core.files import file_sha256
 from albert_core.text.corpus import CorpusError, Document, Skip, read_documents, read_region
 from albert_core.text.sentences import split_sentences
-from albert_core.text.tokenization import Tokenizer
+from albert_core.text.tokenization import AnyTokenizer
 from services.preprocess.config import PreprocessConfig, Unit
 from services.preprocess.layout import Layout, write_json_atomic
 
@@ -44,18 +44,6 @@ MAX_SKIP_EXAMPLES = 10  # skip details kept per file in the manifest
 GROUP_CHARS = 8_000_000  # a document group also closes at this many characters (bounds worker memory)
 HELDOUT_BATCH = 256  # held-out documents written at a time
 MARKER_SHA256 = ("sha256", "heldout_sha256", "pieces_sha256")  # a done marker's digests of Layout.unit_files
-
-
-def preprocess_sentences(tokenizer: Tokenizer, sentences: list[str]) -> list[str]:
-    """[tokenizer.preprocess(s) for s in sentences] in one call on the newline-joined text. Equal because
-    sentences hold no newline (split_sentences collapses whitespace) and every step stops at a newline
-    (NFKD reordering, the final-sigma rule of lower())."""
-    if not sentences:
-        return []
-    text = "\n".join(sentences)
-    if text.count("\n") != len(sentences) - 1:  # a sentence with a newline: the plain way
-        return [tokenizer.preprocess(s) for s in sentences]
-    return tokenizer.preprocess(text).split("\n")
 
 
 @dataclass
@@ -66,7 +54,7 @@ class FileStats:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> documents
     skip_examples: list[dict[str, str]] = field(default_factory=list)  # the first few: location, reason, detail
     sentences: int = 0
-    tokens: int = 0  # SentencePiece tokens of its documents (held out included)
+    tokens: int = 0  # tokens of its documents (held out included)
 
     def skip(self, location: str, reason: str, detail: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -101,7 +89,7 @@ class UnitTransform:
     def __init__(
         self,
         unit: Unit,
-        tokenizer: Tokenizer,
+        tokenizer: AnyTokenizer,
         config: PreprocessConfig,
         *,
         heldout: Callable[[pa.Table], None],
@@ -172,7 +160,7 @@ class UnitTransform:
 
     def _encode(self, docs: list[_Doc]) -> None:
         sentences = [s for d in docs for s in d.sentences]
-        ids = self.tokenizer.sp.encode(preprocess_sentences(self.tokenizer, sentences), num_threads=1)
+        ids = self.tokenizer.encode_batch(sentences)
         start = 0
         for d in docs:
             d.ids = ids[start : start + len(d.sentences)]
@@ -258,7 +246,7 @@ class UnitTransform:
 
 def write_unit(
     unit: Unit,
-    tokenizer: Tokenizer,
+    tokenizer: AnyTokenizer,
     config: PreprocessConfig,
     fingerprint: str,
     layout: Layout | None = None,

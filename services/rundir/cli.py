@@ -67,7 +67,7 @@ def vocab_of(config) -> tuple[int, str]:
     """The vocabulary size a run of `config` would have, and where it comes from (the one pretraining takes:
     model.overrides.vocab_size, else the tokenizer of data.shards), or 30000 assumed when neither is there."""
     from albert_core.examples.shards import ManifestError, ShardsManifest
-    from albert_core.text.tokenization import Tokenizer
+    from albert_core.text.tokenization import load_tokenizer
 
     if config.model.overrides.get("vocab_size"):
         return int(config.model.overrides["vocab_size"]), "model.overrides.vocab_size"
@@ -75,7 +75,7 @@ def vocab_of(config) -> tuple[int, str]:
         manifest = ShardsManifest.read(config.data.shards) if config.data.shards else None
         model = manifest.tokenizer_model() if manifest is not None else None
         if model is not None:
-            return Tokenizer.load(model).vocab_size, f"the tokenizer of data.shards, {model}"
+            return load_tokenizer(model).vocab_size, f"the tokenizer of data.shards, {model}"
         if manifest is not None and manifest.vocab_size:
             return manifest.vocab_size, f"data.shards' {manifest.directory / 'manifest.json'}"
     except (ManifestError, OSError, ValueError):

@@ -16,7 +16,7 @@ from albert_core.examples.order import ExampleOrder
 from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR, ManifestError, ShardsManifest
 from albert_core.files import CorruptCheckpoint
 from albert_core.model.config import ConfigError
-from albert_core.text.tokenization import SPECIAL_PIECES, TokenIds, Tokenizer
+from albert_core.text.tokenization import SPECIAL_PIECES, TokenIds, load_tokenizer
 from services.rundir.checkpoints import CHECKPOINTS_DIR, read_trainer_json
 from services.rundir.config import RunConfig, TrainSection
 from services.rundir.config import config_hash as config_hash_of
@@ -32,7 +32,8 @@ def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
     1. `model.overrides.vocab_size`, if set (non-zero). The special ids are ALBERT's layout: <pad>=0, <unk>=1,
        [CLS]=2, [SEP]=3, [MASK]=4.
     2. The tokenizer the shards were made with (`albert_core.examples.shards.ShardsManifest.tokenizer_model`).
-    3. `vocab_size` in manifest.json (at the top level or under `"tokenizer"`), again with ALBERT's layout.
+    3. `vocab_size` in manifest.json (at the top level or under `"tokenizer"`), with the special ids it records
+       (ALBERT's layout when it records none).
     """
     override = config.model.overrides.get("vocab_size") or 0
     if override:
@@ -43,9 +44,9 @@ def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
         raise ConfigError(f"data.shards: {err}") from None
     model = manifest.tokenizer_model()
     if model is not None:
-        return TokenIds.from_tokenizer(Tokenizer.load(model))
+        return TokenIds.from_tokenizer(load_tokenizer(model))
     if manifest.vocab_size is not None and manifest.vocab_size > len(SPECIAL_PIECES):
-        return TokenIds(vocab_size=manifest.vocab_size)
+        return TokenIds(vocab_size=manifest.vocab_size, **manifest.special_ids)
     raise ConfigError(
         f"data.shards: cannot tell the vocabulary size: no spiece.model in {shards_dir} or {shards_dir / 'tokenizer'}, "
         f"and {shards_dir / MANIFEST_FILE} has no vocab_size; set model.overrides.vocab_size"

@@ -63,16 +63,21 @@ def pretrain(
 
 def keep_tokenizer_with_run(shards: Path, run_dir: Path) -> None:
     """Copy the tokenizer the shards were made with into the run directory, so every checkpoint of the run
-    (run_dir/checkpoints/step_N) finds its spiece.model two levels up, as fine-tuning and conversion look for it."""
+    (run_dir/checkpoints/step_N) finds its spiece.model (or WordPiece vocabulary) two levels up, as fine-tuning and
+    conversion look for it."""
     import shutil
 
     from albert_core.text.tokenization import CONFIG_FILE, MODEL_FILE
+    from albert_core.text.wordpiece import SPECIAL_TOKENS_FILE, WORDPIECE_FILES
 
     source = ShardsManifest.read(shards).tokenizer_model()
     if source is None:
         log.warning("%s: names no readable tokenizer; fine-tuning will need --tokenizer", shards)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    for name in (MODEL_FILE, CONFIG_FILE):
-        if (source.parent / name).is_file():
-            shutil.copy2(source.parent / name, run_dir / name)
+    folder, names = source.parent, (MODEL_FILE, CONFIG_FILE)
+    if source.is_dir():  # a WordPiece vocabulary (BERT)
+        folder, names = source, (*WORDPIECE_FILES, CONFIG_FILE, SPECIAL_TOKENS_FILE)
+    for name in names:
+        if (folder / name).is_file():
+            shutil.copy2(folder / name, run_dir / name)
