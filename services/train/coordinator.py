@@ -25,7 +25,8 @@ from services.cluster import coordinator_name
 from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, check_tasks, evaluator_slots, options_dict
 from services.rundir.config import RunConfig
 from services.rundir.health import stalled
-from services.rundir.ledger import HEARTBEAT_EVERY_S, EvalEntry, RunLedger, touch_heartbeat
+from services.rundir.ledger import EvalEntry, RunLedger
+from services.rundir.status import HEARTBEAT_EVERY_S, status_of, touch_heartbeat
 
 MAX_EVAL_RETRIES = 2  # relaunches of an evaluator that died
 
@@ -142,7 +143,7 @@ class Coordinator:
 
     def status(self) -> dict[str, Any]:
         self._collect()
-        return self.ledger.status(live=True)
+        return status_of(self.ledger.state, live=True)
 
     def check_stall(self) -> None:
         """A `stalled` event when no step was reported for train.stall_seconds (once per stall) while the run is
