@@ -155,9 +155,7 @@ def test_a_heartbeat_from_another_host_is_live_while_it_is_fresh(recipe):
     assert read_status(run_dir)["live"] is False
 
 
-def test_a_run_directory_with_the_old_coordinator_json_shows_in_status_then_resumes_and_is_renamed_once(
-    recipe, capsys
-):
+def test_a_run_directory_with_the_old_coordinator_json_shows_in_status_then_resumes_and_is_renamed_once(recipe, capsys):
     config = config_of(recipe, "s1")
     started_run(config, (2, 4))
     os.replace(config.run_dir / LEDGER_FILE, config.run_dir / OLD_LEDGER_FILE)  # as main before issue 35 left it
