@@ -114,6 +114,7 @@ class Run:
         }
         self.config = RunConfig.from_dict(config).to_dict()
         self.actor = get_or_create_coordinator(self.dir, self.name, self.config)
+        ray.get(self.actor.__ray_ready__.remote(), timeout=120)  # up before any checkpoint, as in a run
 
     def checkpoint(self, step: int, model=None) -> str:
         return write_checkpoint(self.dir / "checkpoints" / f"step_{step:06d}", step, model)
@@ -445,6 +446,23 @@ def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed
     assert [e.step for e in reopened.pending_evals()] == [100, 200]
     assert [line["step"] for line in events(run_dir, "checkpoint_reindexed")] == [200]
     assert [c.step for c in RunLedger(run_dir, "r", config.to_dict()).state.checkpoints] == [100, 200]  # once
+
+
+def test_a_checkpoint_found_on_disk_before_its_save_call_arrives_is_recorded_by_that_call_once(tmp_path):
+    """A coordinator that (re)opens its ledger after the train loop wrote a checkpoint, before the loop's
+    checkpoint_saved call reached it: the index has it from disk, and the call still records it (its line, its
+    metrics, retention); the same call retried then changes nothing."""
+    config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "train": {"keep_last": 1}})
+    run_dir, checkpoints = tmp_path / "r", tmp_path.resolve() / "r" / "checkpoints"
+    RunLedger(run_dir, "r", config.to_dict()).checkpoint_saved(100, write_checkpoint(checkpoints / "step_100", 100))
+    newer = write_checkpoint(checkpoints / "step_200", 200)
+    reopened = RunLedger(run_dir, "r", config.to_dict())  # the restarted coordinator
+    assert [c.step for c in reopened.state.checkpoints] == [100, 200]
+    result = reopened.checkpoint_saved(200, newer, {"loss": 1.5})
+    assert result.accepted and result.deleted == [str(checkpoints / "step_100")]
+    assert reopened.checkpoint(200).metrics == {"loss": 1.5}
+    assert reopened.checkpoint_saved(200, newer, {"loss": 1.5}).accepted  # Ray retries the call
+    assert [line["step"] for line in events(run_dir, "checkpoint_saved")] == [100, 200]
 
 
 def test_a_final_checkpoint_indexed_again_on_reopen_keeps_its_final_evaluation(tmp_path):

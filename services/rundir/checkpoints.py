@@ -227,6 +227,7 @@ class CheckpointEntry:
     path: str
     metrics: dict[str, Any] = field(default_factory=dict)  # the train loop's last metrics when it saved
     time: float = 0.0
+    reported: bool = True  # the train loop's checkpoint_saved reached the ledger (False: found on disk before it)
 
 
 @dataclass
@@ -258,7 +259,7 @@ def reindex(root: str | Path, cached: list[CheckpointEntry]) -> Reindexed:
                 verify(path)
             except CorruptCheckpoint:
                 continue
-            entry = CheckpointEntry(step, str(path), {}, time.time())
+            entry = CheckpointEntry(step, str(path), {}, time.time(), reported=False)
             added.append(entry)
         entry.path = str(path)
         index.append(entry)

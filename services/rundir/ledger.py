@@ -191,26 +191,26 @@ class RunLedger:
                     removal_step=self.config.train.dropout_removal_step,
                 ),
             )
-        finals = self._reconcile_metrics_log()
+        logged = self._reconcile_metrics_log()
         if renamed:
             self.event(self.state.step, "ledger_file_renamed", previous=OLD_LEDGER_FILE, now=LEDGER_FILE)
         if (previous := adopt_run_dir(self.state, self.run_dir)) is not None:
             self.event(self.state.step, "run_dir_moved", previous=str(previous))
-        self._sync_index(finals)
+        self._sync_index(logged)
         self._adopt_config(config_dict)
         self.save()
 
-    def _sync_index(self, finals: set[int]) -> None:
+    def _sync_index(self, logged: dict[int, bool]) -> None:
         """The checkpoint index rebuilt from disk (checkpoints.reindex). A checkpoint the cache missed (its
-        coordinator was killed between the checkpoint_saved line and the state write) gets the evaluation it was
-        due, a final one's off the schedule (the run is then finished); without it a resume would start from an
-        older checkpoint."""
+        coordinator was killed between the checkpoint_saved line and the state write, or before the train loop's
+        call reached it) gets the evaluation it was due, a final one's off the schedule (the run is then finished).
+        `logged`: step -> final, of the saves the metrics log holds (a call still to come is not a retry)."""
         found = reindex(self.checkpoints_root, self.state.checkpoints)
         self.state.checkpoints = found.index
         for entry in found.gone:
             self.event(entry.step, "checkpoint_missing", path=entry.path)
         for entry in found.added:
-            final = entry.step in finals
+            final, entry.reported = logged.get(entry.step, False), entry.step in logged
             self.event(entry.step, "checkpoint_reindexed", path=entry.path)
             self.state.finished = self.state.finished or final or entry.step >= self.config.optim.total_steps
             if self._eval_due(entry.step, final):
@@ -258,7 +258,7 @@ class RunLedger:
         given, path = str(path), str(self.checkpoints_root / Path(path).name)  # the index names it as reindex does
         reason = own_step_dir(self.checkpoints_root, given, step)
         known = self.checkpoint(step)
-        if reason is None and known is not None and known.path == path:  # a retried call
+        if reason is None and known is not None and known.path == path and known.reported:  # a retried call
             return SaveResult(True, already_scheduled=self.evaluation(step) is not None)
         if reason is None:
             try:
@@ -270,9 +270,10 @@ class RunLedger:
             self.event(step, "checkpoint_refused", path=given, reason=reason)
             self.save()
             return SaveResult(False, reason=reason)
-        if known is not None:  # the same step saved again under another name: the new one replaces it
+        if known is not None:  # indexed from disk before this call, or saved again under another name
             self.state.checkpoints.remove(known)
-            self.event(step, "checkpoint_replaced", path=path, previous_path=known.path)
+            if known.path != path:
+                self.event(step, "checkpoint_replaced", path=path, previous_path=known.path)
         self.state.checkpoints.append(CheckpointEntry(step, path, plain(metrics or {}), time.time()))
         self.state.checkpoints.sort(key=lambda c: c.step)
         final_mark = {"final": True} if final else {}  # the run's last: a reopened ledger reads it back
@@ -281,7 +282,8 @@ class RunLedger:
         due = self.schedule_eval(step, path) if self._eval_due(step, final) else None
         deleted = self.apply_retention()
         self.save()
-        return SaveResult(True, eval_due=due, deleted=deleted)
+        scheduled = due is None and known is not None and self.evaluation(step) is not None  # by _sync_index
+        return SaveResult(True, eval_due=due, deleted=deleted, already_scheduled=scheduled)
 
     def latest_good_checkpoint(self) -> str | None:
         """The newest checkpoint on disk that verifies (checkpoints.latest_good, as `--dry-run` and `albert status`
@@ -433,16 +435,16 @@ class RunLedger:
     def save(self) -> None:
         atomic_write_bytes(self.run_dir / LEDGER_FILE, self.state.to_json().encode())
 
-    def _reconcile_metrics_log(self) -> set[int]:
+    def _reconcile_metrics_log(self) -> dict[int, bool]:
         """Take back what reached metrics.jsonl after the last state write; cut a half-written last line. Returns
-        the steps whose last save the log marks final (for a checkpoint the state file missed: _sync_index)."""
+        step -> final of the saves the log holds (for a checkpoint the state file missed: _sync_index)."""
         dropped = run_log.repair(self.run_dir)
         if dropped:
             self.event(self.state.step, "metrics_log_repaired", dropped_bytes=dropped)
-        finals: set[int] = set()
+        logged: dict[int, bool] = {}
         for record in run_log.read_metrics(self.run_dir / run_log.METRICS_FILE):
             if record.get("kind") == "event" and record.get("event") == "checkpoint_saved":
-                (finals.add if record.get("final") else finals.discard)(record["step"])
+                logged[record["step"]] = bool(record.get("final"))
             elif record.get("kind") == "train":
                 metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind")}
                 self.state.last_train = TrainLine(record["step"], metrics)
@@ -452,7 +454,7 @@ class RunLedger:
                 if entry is not None and entry.status == "pending":
                     entry.status, entry.error = "done", None
                     entry.metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind", "checkpoint")}
-        return finals
+        return logged
 
 
 # --- reading a run's record --------------------------------------------------------------------------------------
