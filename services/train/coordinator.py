@@ -1,7 +1,7 @@
 """The run coordinator: one named Ray actor per run that wraps the run's ledger and runs its evaluations.
 
 The ledger (services.rundir.ledger) keeps the run's record: metrics log, checkpoint index and retention, evaluation
-bookkeeping, dropout state, coordinator.json. The actor adds only what needs Ray: it launches an
+bookkeeping, dropout state, ledger.json. The actor adds only what needs Ray: it launches an
 `IntrinsicEvaluator` actor for each evaluation the ledger finds due, without blocking, and collects results on
 every later call, in `poll()` and in `wait_for_evals()`. An evaluator that dies is relaunched up to
 MAX_EVAL_RETRIES times; one that raises is recorded as failed. Neither touches training. A restarted coordinator
@@ -244,7 +244,7 @@ def get_or_create_coordinator(
     lifetime: str | None = None,
     evaluator_options: dict[str, Any] | None = None,
 ):
-    """The run's coordinator actor: the live one if it exists, else a new one (which resumes coordinator.json) of a
+    """The run's coordinator actor: the live one if it exists, else a new one (which resumes ledger.json) of a
     new session (a stop request of an earlier one is not its own).
 
     Checks on the driver what would make the actor fail later: the config, the held-out file evaluation reads
