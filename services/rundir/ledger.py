@@ -488,19 +488,6 @@ def _rename_old_ledger_file(run_dir: Path) -> bool:
     return True
 
 
-def read_state(run_dir: str | Path) -> LedgerState:
-    """The run's record as its ledger would open it, nothing written: the directory read is its run_dir (a copied
-    one's record names its source) and its checkpoint index is rebuilt from disk."""
-    run_dir = Path(run_dir).resolve()
-    path = ledger_path(run_dir)
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir / LEDGER_FILE}: no run ledger; is {run_dir} a run directory?")
-    state = LedgerState.from_json(path.read_text(), path)
-    adopt_run_dir(state, run_dir)
-    state.checkpoints = reindex(run_dir / CHECKPOINTS_DIR, state.checkpoints).index
-    return state
-
-
 def adopt_run_dir(state: LedgerState, run_dir: Path) -> Path | None:
     """A run directory copied or moved (`cp -a runs/s1 runs/s5`) holds its source's record: make it this
     directory's (its name the run's), the evaluations it names pointing at this directory's checkpoints. Returns the

@@ -20,8 +20,8 @@ from typing import Any
 
 from albert_core.files import CorruptCheckpoint
 from services.rundir import schedules
-from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, verify
-from services.rundir.ledger import LedgerState, best_evaluation, read_state
+from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, reindex, verify
+from services.rundir.ledger import LEDGER_FILE, LedgerState, adopt_run_dir, best_evaluation, ledger_path
 
 HEARTBEAT_FILE = "coordinator.alive"
 HEARTBEAT_EVERY_S = 5.0
@@ -78,11 +78,24 @@ def best_good(state: LedgerState, damaged: dict[str, dict[str, Any]], good: Path
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:
-    """A run's status from its directory (services.rundir.ledger.read_state): "live" while its coordinator runs."""
+    """A run's status from its directory (read_state): "live" while its coordinator runs."""
     status = status_of(read_state(run_dir), live=coordinator_live(run_dir))
     age = heartbeat_age(run_dir)
     status["heartbeat_age_s"] = None if age is None else round(age, 1)
     return status
+
+
+def read_state(run_dir: str | Path) -> LedgerState:
+    """The run's record as its ledger would open it, nothing written: the directory read is its run_dir (a copied
+    one's record names its source) and its checkpoint index is rebuilt from disk."""
+    run_dir = Path(run_dir).resolve()
+    path = ledger_path(run_dir)
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir / LEDGER_FILE}: no run ledger; is {run_dir} a run directory?")
+    state = LedgerState.from_json(path.read_text(), path)
+    adopt_run_dir(state, run_dir)
+    state.checkpoints = reindex(run_dir / CHECKPOINTS_DIR, state.checkpoints).index
+    return state
 
 
 # --- the coordinator's heartbeat ---------------------------------------------------------------------------------
