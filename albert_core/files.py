@@ -1,7 +1,8 @@
-"""Durable files without torch: atomic writes (bytes, CSV), advisory locks, sha256 manifests and their verification.
+"""Durable files without torch: atomic writes (bytes, CSV), advisory locks, sha256 of files; and the names of the
+files a model directory and a training checkpoint hold (services.rundir.checkpoints owns a run's checkpoints: it
+writes and verifies their checksums).
 
 Used by model checkpoints, training checkpoints and the coordinator (which runs without importing torch).
-A manifest is `MANIFEST.json` = {"files": {name: {"sha256": hex, "size": bytes}}, ...}, written last.
 """
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-CHECKSUM_FILE = "MANIFEST.json"  # sha256 and size of every file of a checkpoint directory
 # A model directory (albert_core.model.checkpoint): its config and its weights.
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+# What a training checkpoint holds beside its model (services.rundir.checkpoints): the trainer's state, and the sha256
+# and size of every file, {"files": {name: {"sha256": hex, "size": bytes}}, ...}, written last. A checkpoint written
+# before the checksums had their own name holds them in LEGACY_CHECKSUM_FILE.
+TRAINER_FILE = "trainer.json"
+CHECKSUM_FILE = "CHECKSUMS.json"
+LEGACY_CHECKSUM_FILE = "MANIFEST.json"
 # A run's metrics log, one JSON object per line: pretraining runs (services.rundir.log owns its records) and
 # fine-tuning runs (albert_core.finetune.finetuning) name it alike.
 METRICS_FILE = "metrics.jsonl"
@@ -32,7 +38,7 @@ class CheckpointError(ValueError):
 
 
 class CorruptCheckpoint(CheckpointError):
-    """A checkpoint directory does not match its MANIFEST.json; the message names the file and the mismatch."""
+    """A checkpoint directory does not match its checksums; the message names the file and the mismatch."""
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -144,63 +150,8 @@ def atomic_write_csv(path: str | Path, rows: Iterable[dict[str, Any]], columns: 
     atomic_write_bytes(path, buffer.getvalue().encode())
 
 
-def write_manifest(directory: str | Path, names: Iterable[str], **fields: Any) -> dict[str, Any]:
-    """fsync the named files of `directory` and record their sha256 and size in its MANIFEST.json (atomically)."""
-    directory = Path(directory)
-    files = {}
-    for name in names:
-        path = directory / name
-        fsync_file(path)
-        files[name] = {"sha256": file_sha256(path), "size": path.stat().st_size}
-    manifest = {**fields, "files": files}
-    atomic_write_bytes(directory / CHECKSUM_FILE, (json.dumps(manifest, indent=2) + "\n").encode())
-    return manifest
-
-
 def leaves_directory(name: str) -> bool:
     """Whether a file name a manifest lists would resolve outside the directory it is listed for: an absolute
-    path or one with a `..` part (the rule for checkpoint MANIFEST.json and shard set manifest.json names)."""
+    path or one with a `..` part (the rule for the names a checkpoint's checksums and a shard set's manifest.json
+    list)."""
     return Path(name).is_absolute() or ".." in Path(name).parts
-
-
-def verify_manifest(directory: str | Path, required: Iterable[str] = ()) -> dict[str, Any]:
-    """Check every file listed in `<directory>/MANIFEST.json`; returns the manifest.
-
-    Raises CorruptCheckpoint naming the file for: a missing or unreadable manifest, a manifest lacking a `required`
-    name or naming a path outside the directory, a missing file, a size mismatch (truncated / too long) or a sha256
-    mismatch.
-    """
-    directory = Path(directory)
-    manifest_path = directory / CHECKSUM_FILE
-    if not directory.is_dir():
-        raise CorruptCheckpoint(f"{directory}: not a directory")
-    if not manifest_path.is_file():
-        raise CorruptCheckpoint(f"{manifest_path}: missing (a partial or foreign checkpoint)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-        if not isinstance(files, dict):
-            raise TypeError("'files' is not an object")
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise CorruptCheckpoint(f"{manifest_path}: unreadable manifest ({err})") from None
-    for name in required:
-        if name not in files:
-            raise CorruptCheckpoint(f"{manifest_path}: lists no {name}")
-    for name, expected in files.items():
-        if leaves_directory(name):
-            raise CorruptCheckpoint(f"{manifest_path}: file name {name!r} leaves the checkpoint directory")
-        if not isinstance(expected, dict) or not isinstance(expected.get("sha256"), str) or "size" not in expected:
-            raise CorruptCheckpoint(f"{manifest_path}: entry for {name} lacks sha256 or size")
-        path = directory / name
-        if not path.is_file():
-            raise CorruptCheckpoint(f"{path}: missing")
-        size = path.stat().st_size
-        if size != expected["size"]:
-            kind = "truncated" if size < expected["size"] else "too long"
-            raise CorruptCheckpoint(f"{path}: {kind}: {size} bytes, manifest says {expected['size']}")
-        digest = file_sha256(path)
-        if digest != expected["sha256"]:
-            raise CorruptCheckpoint(
-                f"{path}: checksum mismatch (sha256 {digest[:12]}…, manifest says {expected['sha256'][:12]}…)"
-            )
-    return manifest

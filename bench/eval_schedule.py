@@ -33,6 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from services.rundir import log as run_log  # noqa: E402
 from services.rundir import schedules  # noqa: E402
+from services.rundir.checkpoints import CHECKPOINTS_DIR  # noqa: E402
+from services.rundir.ledger import LEDGER_FILE  # noqa: E402
 from services.rundir.schedules import RESULT_KIND  # noqa: E402
 
 ALBERT = [sys.executable, "-m", "services.cli"]
@@ -82,7 +84,7 @@ def session_pids(sid: int, containing: str = "") -> list[int]:
 
 
 def newest_checkpoint(run_dir: Path) -> int:
-    steps = [int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*")]
+    steps = [int(p.name.split("_")[1]) for p in (run_dir / CHECKPOINTS_DIR).glob("step_*")]
     return max(steps, default=0)
 
 
@@ -170,7 +172,7 @@ def cost(work: Path, steps: int, every: int, checkpoint_every: int, pairs: int) 
             training = start(["pretrain", *recipe(work, name, steps, checkpoint_every)], log)
             scheduler = None
             if mode == "with":
-                wait_until(lambda d=run_dir: (d / "coordinator.json").is_file(), 600, "the run's coordinator.json")
+                wait_until(lambda d=run_dir: (d / LEDGER_FILE).is_file(), 600, f"the run's {LEDGER_FILE}")
                 scheduler = start(["eval", "schedule", str(run_dir), "--every", str(every), "--poll-s", "1"], log)
             training.wait(timeout=1800)
             if scheduler is not None:

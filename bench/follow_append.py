@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from albert_core.examples.shards import ShardsManifest  # noqa: E402
-from services.rundir.checkpoints import list_checkpoints, read_trainer_json  # noqa: E402
+from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints, read_trainer_json  # noqa: E402
 from services.rundir.log import read_metrics  # noqa: E402
 
 ALBERT = [sys.executable, "-m", "services.cli"]
@@ -126,7 +126,7 @@ def measure(work: Path, shards: Path, trace: Path, epoch: int, appended_at: floa
     switch = [r for r in records if r.get("event") == "shards_version"]
     final = next((r for r in reversed(records) if r.get("kind") == "eval" and "mlm_acc" in r), None)
     redone = [lines for lines in attempts.values() if len(lines) > 1]
-    checkpoints = list_checkpoints(run_dir / "checkpoints")  # newest first
+    checkpoints = list_checkpoints(run_dir / CHECKPOINTS_DIR)  # newest first
     return {
         "base_examples_per_epoch": epoch,
         "appended_part": {"name": part.name, "examples": sum(part.rows), "shards": len(part.shards)},

@@ -6,7 +6,7 @@ of 1 CPU with its coordinator (evaluations every `--eval-every` steps). Faults, 
 
 - worker_kill: SIGKILL of a training worker process (Ray Train restarts the group from the last checkpoint);
 - node_loss: a worker node hosting a training worker is removed, and a fresh node joins in its place;
-- coordinator_kill: SIGKILL of the coordinator actor (it restarts from coordinator.json);
+- coordinator_kill: SIGKILL of the coordinator actor (it restarts from ledger.json);
 - evaluator_kill: SIGKILL of a running evaluator (the coordinator relaunches it); a worker_kill when none runs.
 
 The summary: faults injected and recovered, seconds from each fault to the next trained step (or to the actor

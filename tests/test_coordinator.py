@@ -1,12 +1,12 @@
 """The run coordinator actor: metrics log, checkpoint verification and retention, scheduled evaluations, recovery.
 
-Real Ray (the session's local instance), real checkpoint directories (tiny models saved with save_model plus a
-MANIFEST.json), a real held-out Parquet file. No training.
+Real Ray (the session's local instance), real checkpoint directories (tiny models saved by the train loop's own
+save_train_state), a real held-out Parquet file. No training.
 """
 
-import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -17,17 +17,20 @@ import ray
 import torch
 
 from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA
-from albert_core.files import METRICS_FILE, CorruptCheckpoint
+from albert_core.files import CHECKSUM_FILE, METRICS_FILE, CorruptCheckpoint
 from albert_core.model.checkpoint import save_model
 from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
+from albert_core.optim import make_optimizer
 from services import RAY_NAMESPACE
 from services.eval.evaluate import UnknownTask
-from services.rundir.checkpoints import verify_checkpoint
+from services.rundir.checkpoints import MODEL_FILES, TRAINING_FILES, verify
 from services.rundir.cli import run_status
 from services.rundir.config import RunConfig
-from services.rundir.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger, read_status
+from services.rundir.ledger import LEDGER_FILE, RunLedger
+from services.rundir.status import HEARTBEAT_FILE, LIVE_WITHIN_S, read_status
 from services.train.coordinator import evaluator_name, get_or_create_coordinator
+from services.train.state import TrainerState, save_train_state
 
 VOCAB = 64
 TOKEN = 9  # every held-out token: a model biased to it predicts every masked token right
@@ -52,15 +55,11 @@ def tiny_model(vocab_size: int = VOCAB, knows_the_token: bool = False) -> Albert
 
 
 def write_checkpoint(directory: Path, step: int, model: AlbertForPreTraining | None = None) -> str:
-    """A checkpoint directory as the train loop leaves it: weights, config, trainer.json and MANIFEST.json."""
-    save_model(directory, model or tiny_model())
-    (directory / "trainer.json").write_text(json.dumps({"step": step}))
-    files = {}
-    for path in sorted(directory.iterdir()):
-        data = path.read_bytes()
-        files[path.name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    (directory / "MANIFEST.json").write_text(json.dumps({"files": files}))
-    return str(directory)
+    """A checkpoint directory as the train loop leaves it (its save_train_state): weights, config, optimizer,
+    trainer.json and their checksums."""
+    model = model or tiny_model()
+    optimizer = make_optimizer(model, name="adamw", lr=1e-3)
+    return str(save_train_state(directory, model, optimizer, None, TrainerState(step=step)))
 
 
 def flip_a_bit(path: Path) -> None:
@@ -115,6 +114,7 @@ class Run:
         }
         self.config = RunConfig.from_dict(config).to_dict()
         self.actor = get_or_create_coordinator(self.dir, self.name, self.config)
+        ray.get(self.actor.__ray_ready__.remote(), timeout=120)  # up before any checkpoint, as in a run
 
     def checkpoint(self, step: int, model=None) -> str:
         return write_checkpoint(self.dir / "checkpoints" / f"step_{step:06d}", step, model)
@@ -139,29 +139,38 @@ def make_run(ray_local, tmp_path):
 # --- checksums (no Ray) ----------------------------------------------------------------------------------------
 
 
-def test_verify_checkpoint_accepts_an_intact_checkpoint(tmp_path):
+def test_verify_accepts_an_intact_checkpoint(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt", 5)
-    assert set(verify_checkpoint(path)["files"]) == {"config.json", "model.safetensors", "trainer.json"}
+    assert set(verify(path)["files"]) == set(TRAINING_FILES)
 
 
-def test_verify_checkpoint_names_the_file_whose_bytes_changed(tmp_path):
+def test_verify_names_the_file_whose_bytes_changed(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt", 5)
     flip_a_bit(tmp_path / "ckpt" / "model.safetensors")
     with pytest.raises(CorruptCheckpoint, match=r"model.safetensors: checksum mismatch"):
-        verify_checkpoint(path)
+        verify(path)
 
 
-def test_verify_checkpoint_names_a_listed_file_that_is_missing(tmp_path):
+def test_verify_names_a_listed_file_that_is_missing(tmp_path):
     path = write_checkpoint(tmp_path / "ckpt", 5)
     (tmp_path / "ckpt" / "trainer.json").unlink()
     with pytest.raises(CorruptCheckpoint, match="trainer.json: missing"):
-        verify_checkpoint(path)
+        verify(path)
 
 
-def test_verify_checkpoint_refuses_a_directory_without_a_manifest(tmp_path):
+def test_verify_refuses_a_directory_without_checksums(tmp_path):
     save_model(tmp_path / "ckpt", tiny_model())
-    with pytest.raises(CorruptCheckpoint, match="MANIFEST.json: missing"):
-        verify_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(CorruptCheckpoint, match=f"{CHECKSUM_FILE}: missing"):
+        verify(tmp_path / "ckpt", MODEL_FILES)
+
+
+def test_verify_of_the_model_files_alone_still_checks_every_listed_file(tmp_path):
+    """What evaluation asks (MODEL_FILES listed) is less than what a resume asks, never fewer checksums checked."""
+    path = write_checkpoint(tmp_path / "ckpt", 5)
+    assert set(verify(path, MODEL_FILES)["files"]) == set(TRAINING_FILES)
+    flip_a_bit(tmp_path / "ckpt" / "optimizer.safetensors")
+    with pytest.raises(CorruptCheckpoint, match=r"optimizer.safetensors: checksum mismatch"):
+        verify(path, MODEL_FILES)
 
 
 # --- metrics log ---------------------------------------------------------------------------------------------
@@ -419,15 +428,16 @@ def test_a_stop_request_outlives_a_coordinator_restart_but_not_its_run(make_run)
 
 
 def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed_again_on_reopen(tmp_path):
-    """A coordinator killed between the checkpoint_saved line and its state write: the reopened ledger takes the
-    checkpoint back from the log (resume starts from it, its evaluation is due), unless it was deleted since or
-    does not verify."""
+    """A coordinator killed between the checkpoint_saved line and its state write: the reopened ledger indexes the
+    checkpoint again from disk (resume starts from it, its evaluation is due), unless it is gone since or does not
+    verify."""
     config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "eval": {"every_steps": 100}})
     run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
     ledger = RunLedger(run_dir, "r", config.to_dict())
     ledger.checkpoint_saved(100, write_checkpoint(checkpoints / "step_100", 100))
     for step in (150, 200, 300):  # each logged as saved, the state file not written after it (the crash)
         ledger.event(step, "checkpoint_saved", path=write_checkpoint(checkpoints / f"step_{step}", step))
+    shutil.rmtree(checkpoints / "step_150")  # retention deleted it: its directory is gone, then the line says so
     ledger.event(150, "checkpoint_deleted", path=str(checkpoints / "step_150"))
     flip_a_bit(checkpoints / "step_300" / "model.safetensors")  # cut short by the same crash
     reopened = RunLedger(run_dir, "r", config.to_dict())
@@ -438,6 +448,23 @@ def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed
     assert [c.step for c in RunLedger(run_dir, "r", config.to_dict()).state.checkpoints] == [100, 200]  # once
 
 
+def test_a_checkpoint_found_on_disk_before_its_save_call_arrives_is_recorded_by_that_call_once(tmp_path):
+    """A coordinator that (re)opens its ledger after the train loop wrote a checkpoint, before the loop's
+    checkpoint_saved call reached it: the index has it from disk, and the call still records it (its line, its
+    metrics, retention); the same call retried then changes nothing."""
+    config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "train": {"keep_last": 1}})
+    run_dir, checkpoints = tmp_path / "r", tmp_path.resolve() / "r" / "checkpoints"
+    RunLedger(run_dir, "r", config.to_dict()).checkpoint_saved(100, write_checkpoint(checkpoints / "step_100", 100))
+    newer = write_checkpoint(checkpoints / "step_200", 200)
+    reopened = RunLedger(run_dir, "r", config.to_dict())  # the restarted coordinator
+    assert [c.step for c in reopened.state.checkpoints] == [100, 200]
+    result = reopened.checkpoint_saved(200, newer, {"loss": 1.5})
+    assert result.accepted and result.deleted == [str(checkpoints / "step_100")]
+    assert reopened.checkpoint(200).metrics == {"loss": 1.5}
+    assert reopened.checkpoint_saved(200, newer, {"loss": 1.5}).accepted  # Ray retries the call
+    assert [line["step"] for line in events(run_dir, "checkpoint_saved")] == [100, 200]
+
+
 def test_a_final_checkpoint_indexed_again_on_reopen_keeps_its_final_evaluation(tmp_path):
     """The budget (or a stop) ends a run off the eval schedule; its coordinator is killed between the final
     checkpoint's checkpoint_saved line and the state write: the reopened ledger still evaluates it off the schedule
@@ -446,9 +473,9 @@ def test_a_final_checkpoint_indexed_again_on_reopen_keeps_its_final_evaluation(t
     run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
     ledger = RunLedger(run_dir, "r", config.to_dict())
     ledger.checkpoint_saved(100, write_checkpoint(checkpoints / "step_100", 100))
-    before = (run_dir / "coordinator.json").read_bytes()
+    before = (run_dir / LEDGER_FILE).read_bytes()
     ledger.checkpoint_saved(130, write_checkpoint(checkpoints / "step_130", 130), final=True)
-    (run_dir / "coordinator.json").write_bytes(before)  # the state write the kill prevented
+    (run_dir / LEDGER_FILE).write_bytes(before)  # the state write the kill prevented
     reopened = RunLedger(run_dir, "r", config.to_dict())
     assert [c.step for c in reopened.state.checkpoints] == [100, 130]
     assert [e.step for e in reopened.pending_evals()] == [100, 130]
@@ -480,7 +507,7 @@ def test_run_status_asks_the_live_coordinator_and_falls_back_to_the_state_file(m
 
 
 def test_read_status_names_a_directory_that_is_not_a_run(tmp_path):
-    with pytest.raises(FileNotFoundError, match="coordinator.json: no coordinator state"):
+    with pytest.raises(FileNotFoundError, match=f"{LEDGER_FILE}: no run ledger"):
         read_status(tmp_path)
 
 

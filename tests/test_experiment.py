@@ -30,6 +30,7 @@ from services.experiments.cells import (
 )
 from services.experiments.spec import Cell, ExperimentSpec, cell_config, cell_name, final_checkpoint
 from services.rundir.config import RunConfig
+from services.rundir.ledger import LEDGER_FILE
 from services.rundir.log import read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
@@ -294,7 +295,7 @@ def test_the_results_table_lists_finished_cells_with_parameters_and_accuracies(r
 
 
 def coordinator_run(recipe: Path, tmp_path: Path, eval_line: dict, **started_with) -> tuple[RunConfig, Path]:
-    """A run directory as pretrain leaves it: coordinator.json (the config it was started with), metrics.jsonl."""
+    """A run directory as pretrain leaves it: ledger.json (the config it was started with), metrics.jsonl."""
     shards = tmp_path / "shards"
     shards.mkdir()
     (shards / "manifest.json").write_text(json.dumps({"vocab_size": 50}))
@@ -306,7 +307,7 @@ def coordinator_run(recipe: Path, tmp_path: Path, eval_line: dict, **started_wit
         section, name = dotted.split(".")
         data[section][name] = value
     config.run_dir.mkdir(parents=True)
-    (config.run_dir / "coordinator.json").write_text(json.dumps({"config": data}))
+    (config.run_dir / LEDGER_FILE).write_text(json.dumps({"config": data}))
     lines = [
         {"step": 3, "time": 1.0, "kind": "train", "loss": 7.0},
         {"step": 3, "time": 2.0, "kind": "eval", "checkpoint": str(checkpoint), **eval_line, "seconds": 1.5},

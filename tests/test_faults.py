@@ -58,8 +58,8 @@ from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.pipeline import run_preprocess
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
-from services.rundir.ledger import read_status
 from services.rundir.log import read_metrics
+from services.rundir.status import read_status
 from services.train.coordinator import get_or_create_coordinator
 from services.train.driver import run_pretraining
 from services.train.state import TrainerState, save_train_state
@@ -524,7 +524,7 @@ def test_after_the_coordinator_restart_its_index_holds_every_checkpoint_on_disk(
     on_disk = [step for step, _ in reversed(list_checkpoints(config.run_dir / "checkpoints"))]
     assert [c["step"] for c in status["checkpoints"]] == on_disk == [3, 6, 9, 12, 15, 16]
     assert status["step"] == TOTAL_STEPS
-    assert read_status(config.run_dir)["checkpoints"] == status["checkpoints"]  # coordinator.json agrees
+    assert read_status(config.run_dir)["checkpoints"] == status["checkpoints"]  # ledger.json agrees
 
 
 @pytest.mark.slow

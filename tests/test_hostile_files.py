@@ -7,7 +7,6 @@ docs/reliability.md, "Reliability: hostile files and careless set-ups", lists th
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
 import resource
@@ -35,6 +34,7 @@ from albert_core.model.checkpoint import save_model, state_dict_of
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.interop import save_hf_checkpoint
 from albert_core.model.modeling import AlbertForPreTraining
+from albert_core.optim import make_optimizer
 from albert_core.text.corpus import Document, Skip, read_documents
 from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services import cluster
@@ -45,6 +45,7 @@ from services.rundir.ledger import RunLedger
 from services.rundir.report import LiveView
 from services.terminal import EXIT_DATA
 from services.train.plan import read_shard_set
+from services.train.state import TrainerState, save_train_state
 from tests.test_finetuning import tiny
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,16 +57,11 @@ def tiny_config(**fields) -> AlbertConfig:
 
 
 def write_checkpoint(directory: Path, step: int) -> str:
-    """A training checkpoint as the train loop leaves it: weights, config, trainer.json and MANIFEST.json."""
+    """A training checkpoint as the train loop leaves it (its save_train_state)."""
     torch.manual_seed(0)
-    save_model(directory, AlbertForPreTraining(tiny_config()))
-    (directory / "trainer.json").write_text(json.dumps({"step": step}))
-    files = {}
-    for path in sorted(directory.iterdir()):
-        data = path.read_bytes()
-        files[path.name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    (directory / "MANIFEST.json").write_text(json.dumps({"files": files}))
-    return str(directory)
+    model = AlbertForPreTraining(tiny_config())
+    optimizer = make_optimizer(model, name="adamw", lr=1e-3)
+    return str(save_train_state(directory, model, optimizer, None, TrainerState(step=step)))
 
 
 # --- 1. retention deletes only the run's own checkpoints ---------------------------------------------------------
@@ -81,16 +77,25 @@ def test_a_copied_run_directory_never_deletes_the_checkpoints_of_the_run_it_was_
     a = ledger_for(runs, "a", keep_last=3)
     for step in (100, 200, 300):
         a.checkpoint_saved(step, write_checkpoint(runs / "a" / "checkpoints" / f"step_{step:08d}", step))
-    shutil.copytree(runs / "a", runs / "b")  # cp -r runs/a runs/b: b's coordinator.json names a's checkpoints
+    shutil.copytree(runs / "a", runs / "b")  # cp -r runs/a runs/b: b's ledger.json names a's checkpoints
     b = ledger_for(runs, "b", keep_last=1)
+    own = runs.resolve() / "b" / "checkpoints"
+    assert [c.path for c in b.state.checkpoints] == [str(own / f"step_{s:08d}") for s in (100, 200, 300)]  # b's own
     result = b.checkpoint_saved(400, write_checkpoint(runs / "b" / "checkpoints" / "step_00000400", 400))
-    assert result.accepted and result.deleted == []
+    assert result.accepted and result.deleted == [str(own / f"step_{s:08d}") for s in (100, 200, 300)]
     assert all((runs / "a" / "checkpoints" / f"step_{step:08d}").is_dir() for step in (100, 200, 300))
-    assert [c.step for c in b.state.checkpoints] == [400]  # a's entries left b's index ...
-    lines = [json.loads(line) for line in (runs / "b" / "metrics.jsonl").read_text().splitlines()]
-    dropped = [line for line in lines if line.get("event") == "checkpoint_not_deleted"]
-    assert [line["step"] for line in dropped] == [100, 200, 300]  # ... each with an event that says why
-    assert all("outside" in line["reason"] and "/a/checkpoints/" in line["path"] for line in dropped)
+    assert [c.step for c in b.state.checkpoints] == [400]
+
+
+def test_a_checkpoint_outside_the_runs_own_folder_is_refused_and_never_indexed(tmp_path):
+    runs = tmp_path / "runs"
+    b = ledger_for(runs, "b", keep_last=1)
+    foreign = write_checkpoint(runs / "a" / "checkpoints" / "step_00000100", 100)
+    result = b.checkpoint_saved(100, foreign)
+    assert not result.accepted and f"{foreign}: outside this run's" in result.reason
+    assert b.state.checkpoints == [] and b.latest_good_checkpoint() is None
+    b.checkpoint_saved(200, write_checkpoint(runs / "b" / "checkpoints" / "step_00000200", 200))
+    assert Path(foreign).is_dir()  # never indexed by b, so never reached by its retention
 
 
 def test_retention_still_deletes_the_runs_own_old_checkpoints(tmp_path):

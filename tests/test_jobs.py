@@ -533,7 +533,8 @@ def test_runtime_env_refuses_the_token_variable():
 
 def test_a_submitted_tiny_pretraining_runs_to_completion_and_is_visible_through_albert_jobs(cluster, tmp_path, capsys):
     """`albert submit pretrain` on the loopback cluster: real shards, Ray Train, the coordinator, a final eval."""
-    from services.rundir.ledger import STATE_FILE, read_status
+    from services.rundir.ledger import LEDGER_FILE
+    from services.rundir.status import read_status
 
     config = tiny_job_recipe(tmp_path, "job-run", total_steps=3, checkpoint_every=3, eval_options="")
     job_id = jobs.submit("pretrain", ["--config", str(config), "--no-progress"], working_dir=REPO, **cluster.conn())
@@ -542,7 +543,7 @@ def test_a_submitted_tiny_pretraining_runs_to_completion_and_is_visible_through_
     deadline = time.monotonic() + 400
     while jobs.job_status(job_id, **cluster.conn()).status not in jobs.TERMINAL_STATUSES:
         assert time.monotonic() < deadline, "the job did not end within 400 s"
-        if (run_dir / STATE_FILE).is_file():  # albert status, from the run directory alone, while the job runs
+        if (run_dir / LEDGER_FILE).is_file():  # albert status, from the run directory alone, while the job runs
             seen_live = seen_live or read_status(run_dir)["live"]
         time.sleep(0.5)
     assert seen_live

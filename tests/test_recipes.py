@@ -241,7 +241,7 @@ def test_dry_run_refuses_what_the_run_would_refuse(capsys, tmp_path, shards):
 
 @pytest.fixture
 def started_run(tmp_path, shards):
-    """A run directory as a started run leaves it: coordinator.json (the ledger's, with the config of record) and a
+    """A run directory as a started run leaves it: ledger.json (the ledger's, with the config of record) and a
     checkpoint directory."""
     from services.rundir.ledger import RunLedger
 
@@ -436,9 +436,10 @@ def test_evaluations_of_a_runs_checkpoints_fine_tune_with_its_recipe_defaults(ru
 def test_a_run_started_before_recipes_had_fine_tuning_defaults_resumes_without_asking(started_run):
     import json
 
+    from services.rundir.ledger import LEDGER_FILE
     from services.rundir.resume import check_resume_changes
 
-    state = started_run.run_dir / "coordinator.json"
+    state = started_run.run_dir / LEDGER_FILE
     recorded = json.loads(state.read_text())
     del recorded["config"]["finetune"]
     state.write_text(json.dumps(recorded))

@@ -9,8 +9,6 @@ every matching checkpoint must end up evaluated exactly once.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import shutil
 import signal
@@ -26,7 +24,6 @@ from services.cli import main
 from services.eval.schedule import Scheduler, run_config_of, start_runner
 from services.rundir import log as run_log
 from services.rundir import schedules
-from services.rundir.checkpoints import FORMAT, VERSION
 from services.rundir.config import RunConfig
 from services.rundir.ledger import RunLedger
 from services.rundir.schedules import RESULT_KIND, ScheduleSpec
@@ -47,7 +44,7 @@ def wait_for(condition, timeout: float, what: str):
 
 @pytest.fixture
 def ledger_run(tmp_path) -> RunLedger:
-    """A run directory with its ledger (coordinator.json) and held-out documents; no training."""
+    """A run directory with its ledger (ledger.json) and held-out documents; no training."""
     shards = write_heldout(tmp_path / "shards")
     config = RunConfig.from_dict(
         {"run": {"name": "r", "output_dir": str(tmp_path)}, "data": {"shards": str(shards)}, "train": {"keep_last": 1}}
@@ -125,20 +122,7 @@ def test_retention_keeps_the_checkpoints_a_live_schedule_has_not_evaluated_yet(l
 
 def checkpoint_of_step(root: Path, step: int) -> str:
     """A checkpoint whose trainer.json holds the training state's step (what run_finished reads)."""
-    path = Path(write_checkpoint(root / f"step_{step:08d}", step))
-    trainer = {"format": FORMAT, "version": VERSION, "step": step, "state": {"step": step}}
-    (path / "trainer.json").write_text(json.dumps(trainer))
-    return write_manifest_again(path)
-
-
-def write_manifest_again(path: Path) -> str:
-    files = {
-        f.name: {"sha256": hashlib.sha256(f.read_bytes()).hexdigest(), "size": f.stat().st_size}
-        for f in sorted(path.iterdir())
-        if f.name != "MANIFEST.json"
-    }
-    (path / "MANIFEST.json").write_text(json.dumps({"files": files}))
-    return str(path)
+    return write_checkpoint(root / f"step_{step:08d}", step)
 
 
 def config_of_total(tmp_path: Path, total_steps: int) -> dict:

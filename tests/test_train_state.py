@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pytest
 import torch
 
-from albert_core.files import CHECKSUM_FILE as MANIFEST_FILE
+from albert_core.files import CHECKSUM_FILE, LEGACY_CHECKSUM_FILE, TRAINER_FILE
 from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
-from services.rundir.checkpoints import (
-    OPTIMIZER_FILE,
-    TRAINER_FILE,
-    checkpoint_dir,
-    latest_good,
-    read_trainer_json,
-    verify,
-)
+from services.rundir.checkpoints import OPTIMIZER_FILE, checkpoint_dir, latest_good, read_trainer_json, verify
 from services.train.state import CorruptCheckpoint, TrainerState, load_train_state, save_train_state
 
 VOCAB = 64
@@ -159,7 +153,7 @@ def _remove(path):
         (_bit_flip, OPTIMIZER_FILE, "checksum mismatch"),
         (_bit_flip, TRAINER_FILE, "checksum mismatch"),
         (_remove, "config.json", "missing"),
-        (_remove, MANIFEST_FILE, "missing"),
+        (_remove, CHECKSUM_FILE, "missing"),
     ],
 )
 def test_damaged_checkpoint_is_detected_and_the_previous_good_one_chosen(tmp_path, caplog, damage, victim, message):
@@ -186,6 +180,23 @@ def test_loading_a_damaged_checkpoint_raises_before_touching_the_model(tmp_path)
     with pytest.raises(CorruptCheckpoint, match="model.safetensors"):
         load_train_state(path, model2, opt2, sched2)
     assert all(torch.equal(v, before[k]) for k, v in model2.state_dict().items())
+
+
+def test_a_checkpoint_written_before_its_checksums_were_renamed_still_verifies_and_resumes(tmp_path):
+    """Checkpoints written before issue 35 hold their checksums in MANIFEST.json (the same content): they are read."""
+    model, opt, sched = build()
+    train(model, opt, sched, range(2))
+    path = save(tmp_path, model, opt, sched, 2)
+    assert (path / CHECKSUM_FILE).is_file() and not (path / LEGACY_CHECKSUM_FILE).exists()
+    os.replace(path / CHECKSUM_FILE, path / LEGACY_CHECKSUM_FILE)  # as the save wrote it before
+    assert set(verify(path)["files"]) == {"config.json", "model.safetensors", OPTIMIZER_FILE, TRAINER_FILE}
+    assert latest_good(tmp_path) == path
+    model2, opt2, sched2 = build(seed=7)
+    assert load_train_state(path, model2, opt2, sched2).step == 2
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in model2.state_dict().items())
+    _bit_flip(path / OPTIMIZER_FILE)
+    with pytest.raises(CorruptCheckpoint, match=rf"{OPTIMIZER_FILE}: checksum mismatch .*{LEGACY_CHECKSUM_FILE} says"):
+        verify(path)
 
 
 def test_latest_good_ignores_temporaries_and_other_entries(tmp_path):

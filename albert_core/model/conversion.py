@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from albert_core.files import CheckpointError, atomic_write_bytes
+from albert_core.files import CHECKSUM_FILE, LEGACY_CHECKSUM_FILE, TRAINER_FILE, CheckpointError, atomic_write_bytes
 from albert_core.model.checkpoint import CONFIG_FILE, load_weights, read_checkpoint, save_model
 from albert_core.model.interop import config_to_hf, save_hf_checkpoint
 from albert_core.model.modeling import AlbertForPreTraining
@@ -51,7 +51,7 @@ _CHECKPOINT_FILES = frozenset(
         *("config.json", "generation_config.json", "pytorch_model.bin", "tf_model.h5", "flax_model.msgpack"),
         *("spiece.model", "spiece.vocab", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"),
         *("added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model"),
-        *("trainer.json", "MANIFEST.json"),
+        *(TRAINER_FILE, CHECKSUM_FILE, LEGACY_CHECKSUM_FILE),
     }
 )
 _CHECKPOINT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin.index.json")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from albert_core.files import TRAINER_FILE
 from services.rundir.config import RunConfig
 
 # torch is imported where evaluation runs (inside the functions below), not here: the coordinator imports this
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from albert_core.evaluation.intrinsic import HeldoutDocument, TokenIds
     from albert_core.evaluation.unigram import UnigramBaseline
 
-TRAINER_STATE_FILE = "trainer.json"  # written beside the weights by services/train/state.py; holds the step
 log = logging.getLogger(__name__)
 
 
@@ -127,7 +127,7 @@ def flat_task_metrics(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def _trainer_record(path: str | Path) -> dict[str, Any]:
     """The trainer.json beside a checkpoint's weights ({} when there is none)."""
-    trainer = Path(path) / TRAINER_STATE_FILE
+    trainer = Path(path) / TRAINER_FILE
     if not trainer.is_file():
         return {}
     try:

@@ -31,9 +31,9 @@ from services import RAY_NAMESPACE
 from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, evaluator_slots, options_dict
 from services.rundir import log as run_log
 from services.rundir import schedules
-from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints, verify_checkpoint
+from services.rundir.checkpoints import CHECKPOINTS_DIR, MODEL_FILES, list_checkpoints, verify
 from services.rundir.config import RunConfig
-from services.rundir.ledger import STATE_FILE, LedgerState
+from services.rundir.ledger import LedgerState, ledger_path
 from services.rundir.schedules import RESULT_KIND, ScheduleSpec, ScheduleState, checkpoint_identity
 
 log = logging.getLogger(__name__)
@@ -51,10 +51,10 @@ def runner_name(run_dir: str | Path, name: str) -> str:
 
 
 def run_config_of(run_dir: str | Path) -> RunConfig:
-    """The run's config of record (coordinator.json): the one its last start or resume used."""
-    path = Path(run_dir) / STATE_FILE
+    """The run's config of record (its ledger's): the one its last start or resume used."""
+    path = ledger_path(run_dir)
     if not path.is_file():
-        raise FileNotFoundError(f"RUN: {run_dir} has no {STATE_FILE}; is it a run directory (runs/NAME)?")
+        raise FileNotFoundError(f"RUN: {run_dir} has no {path.name}; is it a run directory (runs/NAME)?")
     return RunConfig.from_dict(LedgerState.from_json(path.read_text(), path).config, source=str(path))
 
 
@@ -207,7 +207,7 @@ class Scheduler:
         # The write evaluated: a step settled missing or failed on it is retried once the run saves the step again.
         seen_as = checkpoint_identity(path)
         try:
-            verify_checkpoint(path)
+            verify(path, MODEL_FILES)
         except (CorruptCheckpoint, FileNotFoundError) as err:
             self._settle(step, "missing" if not Path(path).exists() else "failed", str(err), seen_as)
             return

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from albert_core.files import atomic_write_csv
 from albert_core.model.config import ConfigError
+from services.rundir.checkpoints import CHECKPOINTS_DIR
 from services.rundir.config import RunConfig
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ LAYERS_PNG = "layers.png"
 def checkpoint_label(path: str | Path) -> str:
     """A short name for a checkpoint: the run name for `<run>/checkpoints/step_N`, else the directory name."""
     path = Path(path).resolve()
-    if path.name.startswith("step_") and path.parent.name == "checkpoints":
+    if path.name.startswith("step_") and path.parent.name == CHECKPOINTS_DIR:
         return f"{path.parent.parent.name}@{int(path.name.removeprefix('step_'))}"
     return path.name
 

@@ -161,17 +161,17 @@ def coordinator_evaluation(config: RunConfig, checkpoint: str | Path) -> dict[st
     """The run's coordinator's held-out evaluation of `checkpoint` when it measured what evaluate_model would here.
 
     That is: metrics.jsonl has an "eval" line for the checkpoint's step and path (the last one wins, as in the run
-    report), coordinator.json shows the coordinator was started with the same shards and IntrinsicOptions, and the
+    report), the run's ledger shows the coordinator was started with the same shards and IntrinsicOptions, and the
     shards' tokenizer uses ALBERT's special ids (the coordinator's evaluator assumes them). Else None.
     """
     from albert_core.text.tokenization import TokenIds
     from services.eval.evaluate import IntrinsicOptions
-    from services.rundir.ledger import STATE_FILE
+    from services.rundir.ledger import ledger_path
     from services.rundir.log import read_metrics
     from services.train.plan import resolve_token_ids
 
     run_dir = config.run_dir
-    state_path = run_dir / STATE_FILE
+    state_path = ledger_path(run_dir)
     if not state_path.is_file():
         return None
     started_with = RunConfig.from_dict(json.loads(state_path.read_text())["config"], source=str(state_path))

@@ -316,6 +316,6 @@ def init_source(spec: ExperimentSpec, cell: Cell) -> Cell | None:
 
 def final_checkpoint(config: RunConfig) -> Path:
     """`<run_dir>/checkpoints/step_<total_steps>`: where a finished run's last checkpoint is (services.train.state)."""
-    from services.rundir.checkpoints import checkpoint_dir
+    from services.rundir.checkpoints import CHECKPOINTS_DIR, checkpoint_dir
 
-    return checkpoint_dir(config.run_dir / "checkpoints", config.optim.total_steps)
+    return checkpoint_dir(config.run_dir / CHECKPOINTS_DIR, config.optim.total_steps)

@@ -83,7 +83,7 @@ class RecipeDefaults:
         """What they set, but for `given` (field -> the option that set it here instead)."""
         given = given or {}
         used = ", ".join(f"{k} {v}" for k, v in self.overrides.items() if k not in given) or "none"
-        line = f"fine-tuning defaults of the recipe of {self.run_dir} ([finetune] in coordinator.json): {used}"
+        line = f"fine-tuning defaults of the recipe of {self.run_dir} ([finetune] in its ledger.json): {used}"
         return line + (f" ({', '.join(given.values())} given instead)" if given else "")
 
 

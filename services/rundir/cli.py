@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.rundir.ledger import STATE_FILE, read_status
+from services.rundir.ledger import ledger_path
+from services.rundir.status import read_status
 
 
 def run_status(run_dir: str | Path, run_name: str) -> dict[str, Any]:
@@ -20,14 +21,14 @@ def run_status(run_dir: str | Path, run_name: str) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """From the run directory ("live" while its coordinator's heartbeat is fresh). --address: a job server URL
+    """From the run directory ("live" while its coordinator's process runs). --address: a job server URL
     (http://host:8265, the one `albert submit` takes) adds the cluster's running jobs; a Ray address
     (host:6379, ray://..., auto) asks the live coordinator itself."""
     run_dir = Path(args.run)
     if args.address and args.address.startswith(("http://", "https://")):
         from services.cluster import list_jobs
 
-        if not (run_dir / STATE_FILE).is_file():
+        if not ledger_path(run_dir).is_file():
             raise FileNotFoundError(
                 f"{run_dir}: no run directory here; if it is only on the cluster, ask there: "
                 f"albert submit status {args.run} --wait"

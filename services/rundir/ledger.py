@@ -1,19 +1,21 @@
 """The run ledger: a run's record, as a plain, typed Python object persisted in the run directory.
 
-It holds the checkpoint index (verified against each checkpoint's checksums), retention, the evaluation
-bookkeeping, the dropout state and the run's events, and owns two files besides the metrics log it appends to
-(services.rundir.log):
+It holds the checkpoint index, the evaluation bookkeeping, the dropout state and the run's events, and owns two
+files besides the metrics log it appends to (services.rundir.log):
 
-- `coordinator.json`: its state, written atomically after every change, so a ledger opened again (a restarted
+- `ledger.json`: its state, written atomically after every change, so a ledger opened again (a restarted
   coordinator or rank-0 worker) carries on where the last one stopped. Lines that reached metrics.jsonl after the
   last state write are reconciled when it opens: the last train step and finished evaluations are read back, and a
-  half-written last line is cut off.
+  half-written last line is cut off. A run directory written before the file had its name holds `coordinator.json`:
+  read as it is, renamed once by the next ledger that opens it (a `ledger_file_renamed` event says so).
 - `eval.md`: the finished evaluations as a markdown table.
 
+The checkpoint index is a cache of the run's checkpoints/ folder (services.rundir.checkpoints owns it), rebuilt
+from it whenever the record is read: a run directory copied or moved elsewhere names its own checkpoints, and the
+newest good checkpoint is the one on disk that verifies, for a resume, `--dry-run` and `albert status` alike.
 Retention keeps the last `train.keep_last` checkpoints, the best by held-out MLM accuracy, and any checkpoint an
-evaluation or an active evaluation schedule (services.rundir.schedules) is still pending on; the rest are deleted
-from disk if they lie inside the run's own checkpoints/ folder, and only dropped from the index otherwise. The
-ledger decides when an evaluation is due and records its outcome; running evaluators is the coordinator actor's
+evaluation or an active evaluation schedule (services.rundir.schedules) is still pending on; the rest are deleted.
+The ledger decides when an evaluation is due and records its outcome; running evaluators is the coordinator actor's
 job (services.train.coordinator), which wraps a ledger. A run without a coordinator uses a ledger directly from
 its rank-0 worker (no evaluations).
 """
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
-import shutil
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,40 +35,30 @@ from typing import Any
 from albert_core.files import CorruptCheckpoint, atomic_write_bytes, read_state_json
 from services.rundir import log as run_log
 from services.rundir import schedules
-from services.rundir.checkpoints import CHECKPOINTS_DIR, verify_checkpoint
+from services.rundir.checkpoints import (
+    CHECKPOINTS_DIR,
+    CheckpointEntry,
+    RefusedCheckpoint,
+    latest_good,
+    own_step_dir,
+    reindex,
+    retain,
+    verify,
+)
 from services.rundir.config import RunConfig, config_changes, config_hash
 from services.rundir.health import plateau
 
-STATE_FILE = "coordinator.json"
-# The coordinator touches this file every HEARTBEAT_EVERY_S while it lives; a status read from the run directory
-# calls the run live when the touch is under LIVE_WITHIN_S old (no Ray connection needed).
-HEARTBEAT_FILE = "coordinator.alive"
-HEARTBEAT_EVERY_S = 5.0
-LIVE_WITHIN_S = 30.0
+log = logging.getLogger(__name__)
+
+LEDGER_FILE = "ledger.json"
+OLD_LEDGER_FILE = "coordinator.json"  # its name before issue 35: read, and renamed by the next ledger that opens it
 EVAL_TABLE_FILE = "eval.md"
 STATE_VERSION = 1
 EVAL_COLUMNS = ("mlm_acc", "mlm_loss", "sop_acc", "nsp_acc", "unigram_acc", "mlm_margin")
 _RESERVED_KEYS = ("kind", "time")
 
 
-# --- typed state (its JSON form is coordinator.json) ------------------------------------------------------------
-
-
-@dataclass
-class CheckpointEntry:
-    step: int
-    path: str
-    metrics: dict[str, Any] = field(default_factory=dict)
-    time: float = 0.0
-
-
-@dataclass
-class RefusedCheckpoint:
-    step: int
-    path: str
-    reason: str
-    time: float = 0.0
-    metrics: dict[str, Any] | None = None
+# --- typed state (its JSON form is ledger.json) -----------------------------------------------------------------
 
 
 @dataclass
@@ -126,7 +119,7 @@ class LedgerState:
     started: float = field(default_factory=time.time)
     step: int = 0
     last_train: TrainLine | None = None
-    checkpoints: list[CheckpointEntry] = field(default_factory=list)  # by step; only those on disk
+    checkpoints: list[CheckpointEntry] = field(default_factory=list)  # by step: a cache of checkpoints/
     refused: list[RefusedCheckpoint] = field(default_factory=list)
     evals: list[EvalEntry] = field(default_factory=list)
     last_eval_scheduled: int | None = None
@@ -179,11 +172,13 @@ class SaveResult:
 class RunLedger:
     def __init__(self, run_dir: str | Path, run_name: str, config_dict: dict[str, Any], *, evaluates: bool = True):
         """evaluates=False: nothing runs evaluations for this run, so none is ever scheduled."""
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()
+        self.checkpoints_root = self.run_dir / CHECKPOINTS_DIR
         self.evaluates = evaluates
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config = RunConfig.from_dict(config_dict, source="run config")
-        path = self.run_dir / STATE_FILE
+        renamed = _rename_old_ledger_file(self.run_dir)
+        path = self.run_dir / LEDGER_FILE
         if path.is_file():
             self.state = LedgerState.from_json(path.read_text(), path)
         else:
@@ -196,9 +191,30 @@ class RunLedger:
                     removal_step=self.config.train.dropout_removal_step,
                 ),
             )
-        self._reconcile_metrics_log()
+        logged = self._reconcile_metrics_log()
+        if renamed:
+            self.event(self.state.step, "ledger_file_renamed", previous=OLD_LEDGER_FILE, now=LEDGER_FILE)
+        if (previous := adopt_run_dir(self.state, self.run_dir)) is not None:
+            self.event(self.state.step, "run_dir_moved", previous=str(previous))
+        self._sync_index(logged)
         self._adopt_config(config_dict)
         self.save()
+
+    def _sync_index(self, logged: dict[int, bool]) -> None:
+        """The checkpoint index rebuilt from disk (checkpoints.reindex). A checkpoint the cache missed (its
+        coordinator was killed between the checkpoint_saved line and the state write, or before the train loop's
+        call reached it) gets the evaluation it was due, a final one's off the schedule (the run is then finished).
+        `logged`: step -> final, of the saves the metrics log holds (a call still to come is not a retry)."""
+        found = reindex(self.checkpoints_root, self.state.checkpoints)
+        self.state.checkpoints = found.index
+        for entry in found.gone:
+            self.event(entry.step, "checkpoint_missing", path=entry.path)
+        for entry in found.added:
+            final, entry.reported = logged.get(entry.step, False), entry.step in logged
+            self.event(entry.step, "checkpoint_reindexed", path=entry.path)
+            self.state.finished = self.state.finished or final or entry.step >= self.config.optim.total_steps
+            if self._eval_due(entry.step, final):
+                self.schedule_eval(entry.step, entry.path)
 
     def _adopt_config(self, config_dict: dict[str, Any]) -> None:
         """The run's config of record becomes the one this start uses (schedules and retention read it: a resume
@@ -236,22 +252,28 @@ class RunLedger:
     def checkpoint_saved(
         self, step: int, path: str, metrics: dict[str, Any] | None = None, *, final: bool = False
     ) -> SaveResult:
-        """Verify and index a checkpoint, schedule its evaluation when one is due, apply retention."""
+        """Verify and index a checkpoint of this run's checkpoints/, schedule its evaluation when one is due, apply
+        retention."""
         step = check_step(step)
-        path = str(Path(path).resolve())
+        given, path = str(path), str(self.checkpoints_root / Path(path).name)  # the index names it as reindex does
+        reason = own_step_dir(self.checkpoints_root, given, step)
         known = self.checkpoint(step)
-        if known is not None and known.path == path:  # a retried call
+        if reason is None and known is not None and known.path == path and known.reported:  # a retried call
             return SaveResult(True, already_scheduled=self.evaluation(step) is not None)
-        try:
-            verify_checkpoint(path)
-        except CorruptCheckpoint as err:
-            self.state.refused.append(RefusedCheckpoint(step, path, str(err), time.time()))
-            self.event(step, "checkpoint_refused", path=path, reason=str(err))
+        if reason is None:
+            try:
+                verify(path)
+            except CorruptCheckpoint as err:
+                reason = str(err)
+        if reason is not None:
+            self.state.refused.append(RefusedCheckpoint(step, given, reason, time.time()))
+            self.event(step, "checkpoint_refused", path=given, reason=reason)
             self.save()
-            return SaveResult(False, reason=str(err))
-        if known is not None:  # the same step saved again elsewhere (a resumed run): the new one replaces it
+            return SaveResult(False, reason=reason)
+        if known is not None:  # indexed from disk before this call, or saved again under another name
             self.state.checkpoints.remove(known)
-            self.event(step, "checkpoint_replaced", path=path, previous_path=known.path)
+            if known.path != path:
+                self.event(step, "checkpoint_replaced", path=path, previous_path=known.path)
         self.state.checkpoints.append(CheckpointEntry(step, path, plain(metrics or {}), time.time()))
         self.state.checkpoints.sort(key=lambda c: c.step)
         final_mark = {"final": True} if final else {}  # the run's last: a reopened ledger reads it back
@@ -260,22 +282,23 @@ class RunLedger:
         due = self.schedule_eval(step, path) if self._eval_due(step, final) else None
         deleted = self.apply_retention()
         self.save()
-        return SaveResult(True, eval_due=due, deleted=deleted)
+        scheduled = due is None and known is not None and self.evaluation(step) is not None  # by _sync_index
+        return SaveResult(True, eval_due=due, deleted=deleted, already_scheduled=scheduled)
 
     def latest_good_checkpoint(self) -> str | None:
-        """The newest indexed checkpoint that still matches its checksums; corrupt ones leave the index."""
-        for entry in sorted(self.state.checkpoints, key=lambda c: c.step, reverse=True):
-            try:
-                verify_checkpoint(entry.path)
-                return entry.path
-            except CorruptCheckpoint as err:
-                self.state.checkpoints.remove(entry)
-                self.state.refused.append(
-                    RefusedCheckpoint(entry.step, entry.path, str(err), time.time(), entry.metrics)
-                )
-                self.event(entry.step, "checkpoint_corrupt", path=entry.path, reason=str(err))
-                self.save()
-        return None
+        """The newest checkpoint on disk that verifies (checkpoints.latest_good, as `--dry-run` and `albert status`
+        name it); a damaged one leaves the index."""
+        newest = latest_good(self.checkpoints_root, on_damaged=self._damaged)
+        return str(newest) if newest is not None else None
+
+    def _damaged(self, step: int, path: Path, err: CorruptCheckpoint) -> None:
+        entry = self.checkpoint(step)
+        if entry is None or entry.path != str(path):  # not indexed: refused when it was saved
+            return
+        self.state.checkpoints.remove(entry)
+        self.state.refused.append(RefusedCheckpoint(entry.step, entry.path, str(err), time.time(), entry.metrics))
+        self.event(entry.step, "checkpoint_corrupt", path=entry.path, reason=str(err))
+        self.save()
 
     def request_stop(self, session: str, reason: str, signal: str = "SIGINT") -> None:
         """Record a stop request (a `stop_requested` event naming the signal), so that a restarted coordinator of the
@@ -364,17 +387,13 @@ class RunLedger:
         return next((c for c in self.state.checkpoints if c.step == step), None)
 
     def apply_retention(self) -> list[str]:
-        """Delete checkpoints that are not among the last keep_last, not the best evaluated, not being evaluated.
-
-        Only what resolves (symlinks followed) inside this run's own checkpoints/ folder is deleted: an index that
-        names anything else (a run directory copied with `cp -r`, a hand-edited coordinator.json) loses the entry
-        with a checkpoint_not_deleted event, and the files stay."""
+        """Delete checkpoints that are not among the last keep_last, not the best evaluated, not being evaluated,
+        not held by a live evaluation schedule (checkpoints.retain deletes only this run's own)."""
         checkpoints = self.state.checkpoints
-        keep = {c.step for c in checkpoints[-self.config.train.keep_last :]}
+        keep = {e.step for e in self.pending_evals()}
         best = best_evaluation(self.state)
         if best is not None:
             keep.add(best.step)
-        keep |= {e.step for e in self.pending_evals()}
         lease_s = self.config.eval.schedule_lease_s
         held, lapsed = schedules.held_and_lapsed(self.run_dir, [c.step for c in checkpoints], lease_s)
         keep |= held
@@ -385,27 +404,12 @@ class RunLedger:
                 f"{lease_s:g}); it no longer holds checkpoints from retention. Run `albert eval schedule` again to "
                 "resume it from the oldest checkpoint left",
             )  # fmt: skip
-        deleted = []
-        own = (self.run_dir / CHECKPOINTS_DIR).resolve()
-        for entry in [c for c in checkpoints if c.step not in keep]:
-            path = Path(entry.path)
-            resolved = path.resolve()
-            if resolved == own or not resolved.is_relative_to(own):  # a copied run's index names another run's
-                checkpoints.remove(entry)
-                reason = f"outside this run's {own}: dropped from the index, not deleted"
-                self.event(entry.step, "checkpoint_not_deleted", path=str(path), reason=reason)
-                continue
-            try:
-                shutil.rmtree(path)
-            except FileNotFoundError:
-                pass
-            except OSError as err:
-                self.event(entry.step, "checkpoint_delete_failed", path=str(path), reason=str(err))
-                continue
-            checkpoints.remove(entry)
-            deleted.append(str(path))
-            self.event(entry.step, "checkpoint_deleted", path=str(path))
-        return deleted
+        result = retain(checkpoints, self.checkpoints_root, keep_last=self.config.train.keep_last, keep=keep)
+        for entry, reason in result.failed:
+            self.event(entry.step, "checkpoint_delete_failed", path=entry.path, reason=reason)
+        for entry in result.deleted:
+            self.event(entry.step, "checkpoint_deleted", path=entry.path)
+        return [entry.path for entry in result.deleted]
 
     # --- dropout ---
 
@@ -429,19 +433,18 @@ class RunLedger:
         run_log.append(self.run_dir, {"step": step, "time": time.time(), "kind": "event", "event": event, **fields})
 
     def save(self) -> None:
-        atomic_write_bytes(self.run_dir / STATE_FILE, self.state.to_json().encode())
+        atomic_write_bytes(self.run_dir / LEDGER_FILE, self.state.to_json().encode())
 
-    def _reconcile_metrics_log(self) -> None:
-        """Take back what reached metrics.jsonl after the last state write; cut a half-written last line."""
+    def _reconcile_metrics_log(self) -> dict[int, bool]:
+        """Take back what reached metrics.jsonl after the last state write; cut a half-written last line. Returns
+        step -> final of the saves the log holds (for a checkpoint the state file missed: _sync_index)."""
         dropped = run_log.repair(self.run_dir)
         if dropped:
             self.event(self.state.step, "metrics_log_repaired", dropped_bytes=dropped)
-        saved: dict[int, tuple[str, bool]] = {}  # checkpoints the log says were saved (path, final), not deleted since
+        logged: dict[int, bool] = {}
         for record in run_log.read_metrics(self.run_dir / run_log.METRICS_FILE):
-            if record.get("kind") == "event" and record.get("event") in ("checkpoint_saved", "checkpoint_deleted"):
-                saved.pop(record["step"], None)
-                if record["event"] == "checkpoint_saved":
-                    saved[record["step"]] = (record["path"], bool(record.get("final")))
+            if record.get("kind") == "event" and record.get("event") == "checkpoint_saved":
+                logged[record["step"]] = bool(record.get("final"))
             elif record.get("kind") == "train":
                 metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind")}
                 self.state.last_train = TrainLine(record["step"], metrics)
@@ -451,29 +454,7 @@ class RunLedger:
                 if entry is not None and entry.status == "pending":
                     entry.status, entry.error = "done", None
                     entry.metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind", "checkpoint")}
-        self._reindex_saved_checkpoints(saved)
-
-    def _reindex_saved_checkpoints(self, saved: dict[int, tuple[str, bool]]) -> None:
-        """Index the checkpoints the log names as saved that the state file missed (a coordinator killed between
-        the checkpoint_saved line and its next state write), if they are still intact on disk, and schedule the
-        evaluation each was due, a final one's off the schedule (the run is then finished); without this a resume
-        would start from an older checkpoint."""
-        for step, (path, final) in sorted(saved.items()):
-            if self.checkpoint(step) is not None:  # indexed (this path or a replacement)
-                continue
-            try:
-                verify_checkpoint(path)
-            except CorruptCheckpoint:
-                continue  # a checkpoint cut short by the same crash: the previous one stays the newest
-            self.state.checkpoints.append(CheckpointEntry(step, path, {}, time.time()))
-            self.state.checkpoints.sort(key=lambda c: c.step)
-            self.event(step, "checkpoint_reindexed", path=path)
-            self.state.finished = self.state.finished or final or step >= self.config.optim.total_steps
-            if self._eval_due(step, final):
-                self.schedule_eval(step, path)
-
-    def status(self, *, live: bool) -> dict[str, Any]:
-        return status_from_state(self.state, live=live)
+        return logged
 
 
 # --- reading a run's record --------------------------------------------------------------------------------------
@@ -490,48 +471,36 @@ def best_evaluation(state: LedgerState) -> EvalEntry | None:
     return max(done, key=lambda e: (e.metrics["mlm_acc"], e.step), default=None)
 
 
-def status_from_state(state: LedgerState, *, live: bool) -> dict[str, Any]:
-    evals = {status: [e.step for e in state.evals if e.status == status] for status in ("pending", "done", "failed")}
-    metrics_of = {e.step: e.metrics for e in state.evals if e.status == "done"}
-    best = best_evaluation(state)
-    return {
-        "run_name": state.run_name,
-        "run_dir": state.run_dir,
-        "live": live,
-        "step": state.step,
-        "last_metrics": state.last_train.metrics if state.last_train else {},
-        "dropout": dataclasses.asdict(state.dropout),
-        "checkpoints": [{"step": c.step, "path": c.path, "eval": metrics_of.get(c.step)} for c in state.checkpoints],
-        "best_checkpoint": best.path if best else None,
-        "evals": evals,
-        "refused": [{"step": r.step, "path": r.path, "reason": r.reason} for r in state.refused],
-        "schedules": schedules.summaries(state.run_dir),
-    }
+def ledger_path(run_dir: str | Path) -> Path:
+    """The run's ledger file: ledger.json, or coordinator.json in a run directory written before the rename."""
+    run_dir = Path(run_dir)
+    old = run_dir / OLD_LEDGER_FILE
+    return old if old.is_file() and not (run_dir / LEDGER_FILE).is_file() else run_dir / LEDGER_FILE
 
 
-def read_status(run_dir: str | Path) -> dict[str, Any]:
-    """A run's status from `<run_dir>/coordinator.json`; "live" while its coordinator's heartbeat is fresh."""
-    path = Path(run_dir) / STATE_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no coordinator state; is {run_dir} a run directory?")
-    age = heartbeat_age(run_dir)
-    status = status_from_state(
-        LedgerState.from_json(path.read_text(), path), live=age is not None and age < LIVE_WITHIN_S
-    )
-    status["heartbeat_age_s"] = None if age is None else round(age, 1)
-    return status
+def _rename_old_ledger_file(run_dir: Path) -> bool:
+    """Rename a run's coordinator.json (its ledger file before issue 35) to ledger.json, saying so; whether it was."""
+    old = ledger_path(run_dir)
+    if old.name != OLD_LEDGER_FILE:
+        return False
+    os.replace(old, run_dir / LEDGER_FILE)
+    log.warning("%s: the run ledger's file, renamed to %s", old, LEDGER_FILE)
+    return True
 
 
-def touch_heartbeat(run_dir: str | Path) -> None:
-    (Path(run_dir) / HEARTBEAT_FILE).touch()
-
-
-def heartbeat_age(run_dir: str | Path) -> float | None:
-    """Seconds since the run's coordinator last touched its heartbeat file; None when it never did."""
-    try:
-        return max(0.0, time.time() - (Path(run_dir) / HEARTBEAT_FILE).stat().st_mtime)
-    except FileNotFoundError:
+def adopt_run_dir(state: LedgerState, run_dir: Path) -> Path | None:
+    """A run directory copied or moved (`cp -a runs/s1 runs/s5`) holds its source's record: make it this
+    directory's (its name the run's), the evaluations it names pointing at this directory's checkpoints. Returns the
+    source, if moved."""
+    previous = Path(state.run_dir)
+    if previous == run_dir:
         return None
+    state.run_name = run_dir.name  # a run's directory is <run.output_dir>/<run.name>
+    for entry in state.evals:
+        if Path(entry.path).is_relative_to(previous):
+            entry.path = str(run_dir / Path(entry.path).relative_to(previous))
+    state.run_dir = str(run_dir)
+    return previous
 
 
 def eval_table(state: LedgerState) -> str:

@@ -1,5 +1,5 @@
 """The run's config of record, read from its directory (and from a checkpoint's: the run it belongs to), and what a
-resume may change. The run's config of record (coordinator.json's `config`, the config its last start used
+resume may change. The run's config of record (the ledger's `config`, the config its last start used
 and its checkpoints were written under) against the config the resume starts with.
 
 A resume under a changed recipe is refused before Ray starts, naming each changed field with both values, unless
@@ -21,7 +21,7 @@ from albert_core.model.config import AlbertConfig, ConfigError
 from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints
 from services.rundir.config import SECTION_TYPES, RunConfig, config_changes
 from services.rundir.fields import type_hints
-from services.rundir.ledger import STATE_FILE
+from services.rundir.ledger import ledger_path
 
 OVERRIDES = "model.overrides"
 
@@ -48,7 +48,7 @@ SAFE_TO_CHANGE = (
 def recorded_config(run_dir: str | Path) -> dict[str, Any] | None:
     """The run's config of record, or None for a directory no run has started in (or whose state is unreadable:
     the ledger says why when the run starts)."""
-    path = Path(run_dir) / STATE_FILE
+    path = ledger_path(run_dir)
     try:
         config = json.loads(path.read_text())["config"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -58,10 +58,10 @@ def recorded_config(run_dir: str | Path) -> dict[str, Any] | None:
 
 def run_dir_of_checkpoint(checkpoint: str | Path) -> Path | None:
     """The pretraining run a checkpoint belongs to (runs/NAME for runs/NAME/checkpoints/step_N, when runs/NAME holds
-    the run's coordinator.json), or None."""
+    the run's ledger), or None."""
     path = Path(checkpoint).resolve()
     run_dir = path.parent.parent
-    if path.parent.name == CHECKPOINTS_DIR and (run_dir / STATE_FILE).is_file():
+    if path.parent.name == CHECKPOINTS_DIR and ledger_path(run_dir).is_file():
         return run_dir
     return None
 
@@ -131,7 +131,7 @@ def check_resume_changes(run_dir: str | Path, config: RunConfig, allowed: Sequen
     if refused:
         fields = "; ".join(f"{k}: {_show(v[0])} -> {_show(v[1])}" for k, v in refused.items())
         raise ConfigError(
-            f"{run_dir}: resuming with a recipe that differs from the run's ({run_dir / STATE_FILE}) in {fields}. "
+            f"{run_dir}: resuming with a recipe that differs from the run's ({ledger_path(run_dir)}) in {fields}. "
             f"Resume with the run's recipe, or allow the change: --allow-config-change {' '.join(refused)}"
         )
     return changed

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from albert_core.files import CHECKSUM_FILE, atomic_write_bytes, file_lock, read_state_json
+from albert_core.files import atomic_write_bytes, file_lock, read_state_json
+from services.rundir.checkpoints import checksum_file
 
 SCHEDULES_DIR = "schedules"
 RESULT_KIND = "schedule_eval"  # the kind of a schedule's result lines in metrics.jsonl
@@ -181,10 +182,10 @@ _BY_STEP = ("done", "missing", "failed", "settled_as")  # keyed by step: JSON ke
 
 
 def checkpoint_identity(path: str | Path) -> str:
-    """Which write of a checkpoint directory is there now: its MANIFEST.json's inode and change time ("" when there
+    """Which write of a checkpoint directory is there now: its checksum file's inode and change time ("" when there
     is none). A checkpoint saved again at the same step (every save writes a new directory) has another."""
     try:
-        stat = (Path(path) / CHECKSUM_FILE).stat()
+        stat = checksum_file(path).stat()
     except OSError:
         return ""
     return f"{stat.st_ino}:{stat.st_ctime_ns}"

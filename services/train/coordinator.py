@@ -1,7 +1,7 @@
 """The run coordinator: one named Ray actor per run that wraps the run's ledger and runs its evaluations.
 
 The ledger (services.rundir.ledger) keeps the run's record: metrics log, checkpoint index and retention, evaluation
-bookkeeping, dropout state, coordinator.json. The actor adds only what needs Ray: it launches an
+bookkeeping, dropout state, ledger.json. The actor adds only what needs Ray: it launches an
 `IntrinsicEvaluator` actor for each evaluation the ledger finds due, without blocking, and collects results on
 every later call, in `poll()` and in `wait_for_evals()`. An evaluator that dies is relaunched up to
 MAX_EVAL_RETRIES times; one that raises is recorded as failed. Neither touches training. A restarted coordinator
@@ -25,7 +25,8 @@ from services.cluster import coordinator_name
 from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, check_tasks, evaluator_slots, options_dict
 from services.rundir.config import RunConfig
 from services.rundir.health import stalled
-from services.rundir.ledger import HEARTBEAT_EVERY_S, EvalEntry, RunLedger, touch_heartbeat
+from services.rundir.ledger import EvalEntry, RunLedger
+from services.rundir.status import HEARTBEAT_EVERY_S, status_of, touch_heartbeat
 
 MAX_EVAL_RETRIES = 2  # relaunches of an evaluator that died
 
@@ -142,7 +143,7 @@ class Coordinator:
 
     def status(self) -> dict[str, Any]:
         self._collect()
-        return self.ledger.status(live=True)
+        return status_of(self.ledger.state, live=True)
 
     def check_stall(self) -> None:
         """A `stalled` event when no step was reported for train.stall_seconds (once per stall) while the run is
@@ -243,7 +244,7 @@ def get_or_create_coordinator(
     lifetime: str | None = None,
     evaluator_options: dict[str, Any] | None = None,
 ):
-    """The run's coordinator actor: the live one if it exists, else a new one (which resumes coordinator.json) of a
+    """The run's coordinator actor: the live one if it exists, else a new one (which resumes ledger.json) of a
     new session (a stop request of an earlier one is not its own).
 
     Checks on the driver what would make the actor fail later: the config, the held-out file evaluation reads

@@ -8,13 +8,12 @@ A training checkpoint is a directory (e.g. `<run_dir>/checkpoints/step_00001000`
     trainer.json         step, epoch, data position (examples seen), dropout, scheduler state, optimizer
                          hyperparameters and non-tensor state, torch/numpy/python RNG states, run config hash,
                          last metrics
-    MANIFEST.json        sha256 and size of every other file (written last)
+    CHECKSUMS.json       sha256 and size of every other file (written last)
 
-Nothing is pickled: tensors are safetensors, the rest is JSON, so loading a checkpoint cannot run code. The
-directory is built under a hidden temporary name beside its final one and renamed into place, so a reader sees
-a complete checkpoint or none; `verify` (services.rundir.checkpoints, with the names and listing) catches what the
-rename cannot (a disk that lost or changed bytes later), and `latest_good` falls back to the newest checkpoint
-that verifies.
+Nothing is pickled: tensors are safetensors, the rest is JSON, so loading a checkpoint cannot run code. This module
+holds the torch side (state dicts, optimizer, RNG); services.rundir.checkpoints owns the directory: its names, the
+atomic write with its checksums (`writing`), `verify` (what a rename cannot catch: a disk that lost or changed
+bytes later) and `latest_good`, the newest checkpoint that verifies.
 """
 
 from __future__ import annotations
@@ -23,10 +22,7 @@ import base64
 import dataclasses
 import json
 import logging
-import os
 import random
-import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,17 +33,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from albert_core.files import WEIGHTS_FILE, CorruptCheckpoint, fsync_dir, write_manifest
+from albert_core.files import TRAINER_FILE, WEIGHTS_FILE, CorruptCheckpoint
 from albert_core.model.checkpoint import CheckpointError, load_weights, read_checkpoint, save_model
-from services.rundir.checkpoints import (
-    FORMAT,
-    OPTIMIZER_FILE,
-    REQUIRED_FILES,
-    TRAINER_FILE,
-    VERSION,
-    read_trainer_json,
-    verify,
-)
+from services.rundir.checkpoints import FORMAT, OPTIMIZER_FILE, VERSION, read_trainer_json, verify, writing
 
 log = logging.getLogger(__name__)
 
@@ -101,43 +89,24 @@ def save_train_state(
     same path (e.g. a damaged one being rewritten after a resume) is replaced whole.
     """
     final = Path(directory)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
-        save_model(tmp, _unwrap(model))
-        tensors, optimizer_json = _flatten_optimizer(optimizer)
-        save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": FORMAT})
-        trainer = {
-            "format": FORMAT,
-            "version": VERSION,
-            "step": state.step,  # also at the top level: readers that only want the step (services/eval/evaluate.py)
-            "state": dataclasses.asdict(state),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "optimizer": optimizer_json,
-            "rng": _capture_rng(),
-        }
-        (tmp / TRAINER_FILE).write_bytes(_to_json(trainer, TRAINER_FILE).encode())
-        write_manifest(tmp, REQUIRED_FILES, format=FORMAT, version=VERSION, step=state.step)
-        _replace_dir(tmp, final)
+        with writing(final, step=state.step) as tmp:
+            save_model(tmp, _unwrap(model))
+            tensors, optimizer_json = _flatten_optimizer(optimizer)
+            save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": FORMAT})
+            trainer = {
+                "format": FORMAT,
+                "version": VERSION,
+                "step": state.step,  # also at the top level: readers that only want the step (services/eval)
+                "state": dataclasses.asdict(state),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "optimizer": optimizer_json,
+                "rng": _capture_rng(),
+            }
+            (tmp / TRAINER_FILE).write_bytes(_to_json(trainer, TRAINER_FILE).encode())
     except (OSError, SafetensorError) as err:  # e.g. the disk is full; safetensors reports it without the path
-        shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(f"{final}: checkpoint not saved, earlier checkpoints are untouched ({err})") from err
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
-
-
-def _replace_dir(tmp: Path, final: Path) -> None:
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -205,10 +174,6 @@ def _to_json(data: Any, what: str) -> str:
         raise TypeError(f"{what}: cannot store a {type(value).__name__} as JSON ({value!r:.80})")
 
     return json.dumps(data, indent=1, default=refuse) + "\n"
-
-
-# --------------------------------------------------------------------------------------------------
-# verify / find
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,7 +268,3 @@ def _restore_rng(rng: dict[str, Any]) -> None:
 
 def _tensor_from_b64(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
-
-
-# --------------------------------------------------------------------------------------------------
-# files
