@@ -19,7 +19,8 @@ from typing import Any
 from albert_core.examples.shards import MANIFEST_FILE
 from albert_core.model.config import AlbertConfig, ConfigError
 from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints
-from services.rundir.config import SECTION_TYPES, RunConfig, config_changes
+from services.rundir.config import RunConfig, config_changes
+from services.rundir.sections import SECTION_TYPES
 from services.rundir.fields import type_hints
 from services.rundir.ledger import STATE_FILE
 

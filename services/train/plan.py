@@ -18,7 +18,8 @@ from albert_core.files import CorruptCheckpoint
 from albert_core.model.config import ConfigError
 from albert_core.text.tokenization import SPECIAL_PIECES, TokenIds, Tokenizer
 from services.rundir.checkpoints import CHECKPOINTS_DIR, read_trainer_json
-from services.rundir.config import RunConfig, TrainSection
+from services.rundir.config import RunConfig
+from services.rundir.sections import TrainSection
 from services.rundir.config import config_hash as config_hash_of
 
 log = logging.getLogger(__name__)

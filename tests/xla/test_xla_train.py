@@ -31,7 +31,8 @@ from albert_core.examples.shards import EXAMPLE_SCHEMA, example_id  # noqa: E402
 from albert_core.model.checkpoint import load_model  # noqa: E402
 from albert_core.model.config import ConfigError  # noqa: E402
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
-from services.rundir.config import RunConfig, TrainSection  # noqa: E402
+from services.rundir.config import RunConfig  # noqa: E402
+from services.rundir.sections import TrainSection  # noqa: E402
 from services.rundir.log import read_metrics as read_log  # noqa: E402
 from services.train.driver import run_pretraining
 from services.train.plan import pjrt_device_for
