@@ -69,6 +69,9 @@ class RunConfig:
             raise ConfigError(f"model.overrides: {err}") from None
 
     def validate(self) -> None:
+        """Every field checked, alone and against the others; ConfigError naming the first that is wrong. Called once,
+        by from_dict: every RunConfig built from a recipe, a cell of an experiment or a run's config is checked there,
+        and services.train.driver.prepare_run takes it as it is."""
         name = self.run.name
         if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
             raise ConfigError(
@@ -114,13 +117,22 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> RunConfig:
-        """The config of a recipe's dict form, checked; errors start with `source` (none when it is empty)."""
+        """The config of a recipe's dict form, checked (validate); errors start with `source` (none if it is empty)."""
+        config = cls.parse(data, source=source)
         try:
-            config = cls(**_build_sections(data))
             config.validate()
         except ConfigError as err:
             raise ConfigError(f"{source}: {err}" if source else str(err)) from None
         return config
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], *, source: str = "config") -> RunConfig:
+        """The config of a dict form with each field's type checked but not the recipe's checks (validate): to read
+        back a config that was checked when its run started (a resume compares it with the recipe's)."""
+        try:
+            return cls(**_build_sections(data))
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}" if source else str(err)) from None
 
     @classmethod
     def load(cls, path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
