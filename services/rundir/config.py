@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from albert_core.examples.shape import shape_fields, shape_problem
 from albert_core.model.config import AlbertConfig, ConfigError
 from services.rundir.fields import check_value, parse_text, type_hints
 from services.rundir.sections import (
@@ -85,7 +86,6 @@ class RunConfig:
         )
         _positive(self, "train", ("checkpoint_every", "keep_last"))
         _positive(self, "optim", ("total_steps",))
-        _positive(self, "data", ("max_seq_length", "max_ngram"))
         check_train(self.train)
         check_optim(self.optim)
         if self.optim.clock == "time" and not self.train.max_seconds:
@@ -103,8 +103,9 @@ class RunConfig:
                 raise ConfigError(f"data.mixture: {part!r}: expected a weight >= 0, got {weight!r}")
         if d.sop_order not in ("stored", "epoch"):
             raise ConfigError(f"data.sop_order: expected stored or epoch, got {d.sop_order!r}")
-        if not 0 < d.mask_prob < 1:
-            raise ConfigError(f"data.mask_prob: expected in (0, 1), got {d.mask_prob}")
+        for name, shape_name in shape_fields(DataSection).items():
+            if problem := shape_problem(shape_name, getattr(d, name)):
+                raise ConfigError(f"data.{name}: {problem}")
         if d.max_seq_length > self.model_config(30000).max_position_embeddings:
             raise ConfigError("data.max_seq_length: exceeds model max_position_embeddings")
         check_eval(self.eval)

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from albert_core.examples.shape import shape_field
 from albert_core.model.config import ConfigError
 
 
@@ -34,9 +35,11 @@ class ModelSection:
 @dataclass
 class DataSection:
     shards: str = ""  # a preprocess output directory (train/ shards, heldout/, manifest.json)
-    max_seq_length: int = 512
-    mask_prob: float = 0.15
-    max_ngram: int = 3
+    # The example shape a run trains on (albert_core.examples.shape; the pair task is the shard set's): tokens per
+    # example (rows preprocessed longer are refused), and how MLM masks them.
+    max_seq_length: int = shape_field("max_seq_length")
+    mask_prob: float = shape_field("mask_prob")
+    max_ngram: int = shape_field("max_ngram")
     # Pad every batch to max_seq_length (static shapes for XLA) instead of the longest row rounded up to 8.
     static_shapes: bool = False
     # With model.init_from: read on from where that checkpoint's run stopped (its epoch and data position; same
