@@ -51,10 +51,10 @@ def plan_for(shards: ShardSet, run: RunConfig, *, position: int, steps: int, ran
 
 def per_micro_batch(plan: InputPlan) -> list[tuple[list[list[int]], list[dict[str, torch.Tensor]]]]:
     """The steps as the loop read them before: host_steps masking each micro-batch with make_micro_batch."""
-    run, t = plan.config, plan.config.train
-    stream = data_stream(plan.shards, run.run.seed, list(plan.epochs), tail=plan.tail)
+    config, t = plan.config, plan.config.train
+    stream = data_stream(plan.shards, config.run.seed, list(plan.epochs), tail=plan.tail)
     source = host_steps(
-        ShardRows(plan.shards.files, plan.shards.order(plan.shards.version, run.run.seed)),
+        ShardRows(plan.shards.files, plan.shards.order(plan.shards.version, config.run.seed)),
         position=plan.position,
         steps=plan.steps,
         global_batch=t.global_batch_size,
@@ -62,7 +62,7 @@ def per_micro_batch(plan: InputPlan) -> list[tuple[list[list[int]], list[dict[st
         rank=plan.rank,
         world=plan.world,
         mask=lambda rows, epochs: make_micro_batch(
-            rows, seed=run.run.seed, epoch=epochs, ids=plan.token_ids, data=run.data
+            rows, seed=config.run.seed, epoch=epochs, ids=plan.token_ids, data=config.data
         ),  # fmt: skip
         stream=stream,
     )
