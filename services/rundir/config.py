@@ -1,8 +1,9 @@
 """RunConfig: one typed description of a pretraining run, loaded from a TOML recipe in configs/ (its sections:
 services.rundir.sections), with `--set` overrides merged in.
 
-Every field is checked once, when the config is built from its dict form (RunConfig.from_dict: a recipe, a cell of
-an experiment, a run's recorded config), before any Ray worker starts; errors name the field as `section.field`.
+Every field is checked in one place, when a config is built from its dict form (RunConfig.from_dict: a recipe with
+its --set, an experiment's cell), before any Ray worker starts; errors name the field as `section.field`. A config
+read back to be compared (RunConfig.parse) has its types checked only.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ class RunConfig:
             raise ConfigError(f"model.overrides: {err}") from None
 
     def validate(self) -> None:
-        """Every field checked, alone and against the others; ConfigError naming the first that is wrong. Called once,
-        by from_dict: every RunConfig built from a recipe, a cell of an experiment or a run's config is checked there,
-        and services.train.driver.prepare_run takes it as it is."""
+        """Every field checked, alone and against the others; ConfigError naming the first that is wrong. Called in one
+        place, from_dict: a RunConfig built from a recipe or an experiment's cell is checked there, and the path to
+        the workers (services.train.driver.prepare_run) takes it as it is."""
         name = self.run.name
         if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
             raise ConfigError(
