@@ -375,7 +375,7 @@ def coordinated(cluster, shards, tmp_path_factory):
         Fault(cluster.rng.randint(2, 4), kill_coordinator, restarts_workers=False),
         Fault(6, kill_evaluator, restarts_workers=False),
     ]
-    result, trace, injected = train_traced(config, root / "trace", faults, resume=False, coordinator_name=name)
+    result, trace, injected = train_traced(config, root / "trace", faults, resume=False, coordinator=name)
     counts = ray.get(coordinator.wait_for_evals.remote(timeout=300), timeout=330)
     yield config, coordinator, result, trace, injected, counts
     ray.kill(coordinator, no_restart=True)
