@@ -43,8 +43,8 @@ from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_rand
 from services.cluster import coordinator_name
 from services.rundir.config import RunConfig
 from services.train.coordinator import get_or_create_coordinator
-from services.train.driver import run_pretraining
-from services.train.worker import TRACE_ENV
+from services.train.driver import launch, prepare_run
+from services.train.plan import TRACE_ENV
 
 VOCAB, SEQ = 96, 32
 ROWS_PER_FILE = (80, 80, 80, 84)  # 2 workers x 8 rows a step: 20 steps an epoch
@@ -209,7 +209,8 @@ def traced_run(config: RunConfig, trace_dir: Path, **kwargs):
     os.environ[TRACE_ENV] = str(trace_dir)
     try:
         started = time.monotonic()
-        result = run_pretraining(config, **kwargs)
+        prepared = prepare_run(config, **kwargs)
+        result = prepared.finished if prepared.finished is not None else launch(prepared.plan)
         return result, time.monotonic() - started
     finally:
         del os.environ[TRACE_ENV]
@@ -263,7 +264,7 @@ def main() -> int:
 
         def train() -> None:
             try:
-                outcome["run"] = traced_run(config, work / "trace-soak", resume=False, coordinator_name=name)
+                outcome["run"] = traced_run(config, work / "trace-soak", resume=False, coordinator=name)
             except BaseException as err:  # raised below, in the main thread
                 outcome["error"] = err
             finally:

@@ -61,9 +61,9 @@ from services.rundir.checkpoints import latest_good, list_checkpoints, verify
 from services.rundir.log import read_metrics
 from services.rundir.status import read_status
 from services.train.coordinator import get_or_create_coordinator
-from services.train.driver import run_pretraining
+from services.train.plan import TRACE_ENV
 from services.train.state import TrainerState, save_train_state
-from services.train.worker import TRACE_ENV
+from tests.runs import run_training
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
 
 pytestmark = [pytest.mark.ray]
@@ -210,7 +210,7 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     assert not differ, f"tensors differ from the uninterrupted run: {differ[:5]} (ALBERT_FAULT_SEED={SEED})"
 
 
-# Faults are injected from a thread that follows the trace while the driver is inside run_pretraining.
+# Faults are injected from a thread that follows the trace while the driver is inside launch(plan).
 Action = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
 
@@ -293,11 +293,11 @@ def kill_a_worker(rng: random.Random) -> Action:
 
 
 def train_traced(config, trace_dir: Path, faults: list[Fault] = (), **kwargs):
-    """run_pretraining with the example trace on, injecting `faults`; returns (result, trace, injected)."""
+    """run_training with the example trace on, injecting `faults`; returns (result, trace, injected)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(TRACE_ENV, str(trace_dir))
         with Injector(trace_dir, list(faults)) as injector:
-            result = run_pretraining(config, **kwargs)
+            result = run_training(config, **kwargs)
     if injector.error is not None:
         raise injector.error
     return result, read_trace(trace_dir), injector.injected
@@ -375,7 +375,7 @@ def coordinated(cluster, shards, tmp_path_factory):
         Fault(cluster.rng.randint(2, 4), kill_coordinator, restarts_workers=False),
         Fault(6, kill_evaluator, restarts_workers=False),
     ]
-    result, trace, injected = train_traced(config, root / "trace", faults, resume=False, coordinator_name=name)
+    result, trace, injected = train_traced(config, root / "trace", faults, resume=False, coordinator=name)
     counts = ray.get(coordinator.wait_for_evals.remote(timeout=300), timeout=330)
     yield config, coordinator, result, trace, injected, counts
     ray.kill(coordinator, no_restart=True)
@@ -406,7 +406,7 @@ def damaged_then_resumed(coordinated):
         else:
             path.unlink()
     trace_dir = config.run_dir.parent / "trace-resumed"
-    result, trace, _ = train_traced(config, trace_dir, resume=True, coordinator_name=coordinator_name(config.run.name))
+    result, trace, _ = train_traced(config, trace_dir, resume=True, coordinator=coordinator_name(config.run.name))
     ray.get(coordinator.wait_for_evals.remote(timeout=300), timeout=330)
     return config, damage, kept, before, result, trace
 

@@ -16,8 +16,8 @@ from services.cli import main
 from services.rundir.checkpoints import checkpoint_dir, read_trainer_json
 from services.rundir.config import RunConfig
 from services.rundir.log import read_metrics
-from services.train.driver import run_pretraining
-from services.train.worker import STOP_ENV, TRACE_ENV
+from services.train.plan import STOP_ENV, TRACE_ENV
+from tests.runs import run_training
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
 
@@ -70,11 +70,11 @@ def run_config(root: Path, shards: Path) -> RunConfig:
 def fit(config: RunConfig, monkeypatch, stop_after: int | None) -> None:
     if stop_after is None:
         monkeypatch.delenv(STOP_ENV, raising=False)
-        run_pretraining(config)
+        run_training(config)
         return
     monkeypatch.setenv(STOP_ENV, str(stop_after))
     with pytest.raises(Exception, match=STOP_ENV):
-        run_pretraining(config)
+        run_training(config)
 
 
 @pytest.fixture(scope="module")

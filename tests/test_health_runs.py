@@ -12,7 +12,7 @@ from services.cluster import coordinator_name
 from services.rundir.checkpoints import read_trainer_json
 from services.rundir.log import read_metrics
 from services.train.coordinator import get_or_create_coordinator
-from services.train.driver import run_pretraining
+from tests.runs import run_training
 from tests.test_train import run_config, write_heldout, write_shards
 
 pytestmark = [pytest.mark.ray]
@@ -39,7 +39,7 @@ def diverging(tmp_path, shards, name: str, **train):
 
 def test_a_diverging_run_under_stop_ends_at_the_divergence_and_says_why(ray_local, shards, tmp_path):
     config = diverging(tmp_path, shards, "diverge-stop")
-    result = run_pretraining(config, resume=False)
+    result = run_training(config, resume=False)
     assert not result.finished and result.stopped is not None
     assert "step 4" in result.stopped and "stopped (train.on_divergence is stop)" in result.stopped
     assert "lower optim.lr" in result.stopped
@@ -51,7 +51,7 @@ def test_a_diverging_run_under_stop_ends_at_the_divergence_and_says_why(ray_loca
 
 def test_a_diverging_run_under_rollback_continues_from_the_last_checkpoint_at_a_lower_rate(ray_local, shards, tmp_path):
     config = diverging(tmp_path, shards, "diverge-rollback", on_divergence="rollback", rollback_lr_scale=0.01)
-    result = run_pretraining(config, resume=False)
+    result = run_training(config, resume=False)
     assert result.finished and result.step == 10 and result.stopped is None
     (event,) = events(config.run_dir, "divergence")
     assert event["step"] == 4 and event["action"] == "rolled back to step 2" and event["lr_scale"] == 0.01
@@ -66,7 +66,7 @@ def test_a_diverging_run_under_rollback_continues_from_the_last_checkpoint_at_a_
 
 def test_a_healthy_run_reports_no_health_event(ray_local, shards, tmp_path):
     config = run_config(tmp_path, shards, "healthy")
-    result = run_pretraining(config, resume=False)
+    result = run_training(config, resume=False)
     assert result.finished and result.stopped is None
     assert not [r for r in read_metrics(config.run_dir) if r.get("event") in ("divergence", "plateau", "stalled")]
 
@@ -78,7 +78,7 @@ def test_a_run_that_cannot_learn_gets_a_plateau_event_from_its_coordinator(ray_l
     config.validate()
     coordinator = get_or_create_coordinator(config.run_dir, config.run.name, config.to_dict())
     try:
-        run_pretraining(config, resume=False, coordinator_name=coordinator_name(config.run.name))
+        run_training(config, resume=False, coordinator=coordinator_name(config.run.name))
         assert ray.get(coordinator.wait_for_evals.remote(timeout=300)) == {"pending": 0, "done": 3, "failed": 0}
     finally:
         ray.kill(coordinator, no_restart=True)

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 from albert_core.examples.batch import mlm_batch
 from albert_core.examples.masking import IGNORE_INDEX
-from albert_core.examples.pairs import IGNORE_LABEL, OBJECTIVES, PairConfig, create_pairs
+from albert_core.examples.pairs import IGNORE_LABEL, PairConfig, create_pairs
+from albert_core.examples.shape import OBJECTIVES
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.text.corpus import CorpusError, Document, Skip, read_documents

@@ -51,10 +51,10 @@ def plan_for(shards: ShardSet, run: RunConfig, *, position: int, steps: int, ran
 
 def per_micro_batch(plan: InputPlan) -> list[tuple[list[list[int]], list[dict[str, torch.Tensor]]]]:
     """The steps as the loop read them before: host_steps masking each micro-batch with make_micro_batch."""
-    run, t = plan.run, plan.run.train
-    stream = data_stream(plan.shards, run.run.seed, list(plan.epochs), tail=plan.tail)
+    config, t = plan.config, plan.config.train
+    stream = data_stream(plan.shards, config.run.seed, list(plan.epochs), tail=plan.tail)
     source = host_steps(
-        ShardRows(plan.shards.files, plan.shards.order(plan.shards.version, run.run.seed)),
+        ShardRows(plan.shards.files, plan.shards.order(plan.shards.version, config.run.seed)),
         position=plan.position,
         steps=plan.steps,
         global_batch=t.global_batch_size,
@@ -62,7 +62,7 @@ def per_micro_batch(plan: InputPlan) -> list[tuple[list[list[int]], list[dict[st
         rank=plan.rank,
         world=plan.world,
         mask=lambda rows, epochs: make_micro_batch(
-            rows, seed=run.run.seed, epoch=epochs, ids=plan.token_ids, data=run.data
+            rows, seed=config.run.seed, epoch=epochs, ids=plan.token_ids, data=config.data
         ),  # fmt: skip
         stream=stream,
     )
@@ -133,13 +133,13 @@ def test_masking_a_steps_rows_at_once_equals_masking_each_micro_batch():
 
 
 def test_a_run_with_its_input_in_processes_trains_the_threads_losses(ray_local, tmp_path):
-    from services.train.driver import run_pretraining
+    from tests.runs import run_training
     from tests.test_train import losses, run_config, train_lines
     from tests.test_train import write_shards as write_run_shards
 
     shards = write_run_shards(tmp_path / "shards")
     runs = {n: run_config(tmp_path / f"w{n}", shards, f"input{n}", input_workers=n) for n in (0, 1)}
-    results = {n: run_pretraining(config, resume=False) for n, config in runs.items()}
+    results = {n: run_training(config, resume=False) for n, config in runs.items()}
     assert all(result.finished and result.step == 8 for result in results.values())
     thread, processes = (losses(train_lines(results[n].metrics_file)) for n in (0, 1))
     assert len(thread) == 8 and processes == thread  # bit for bit: the same batches, the same steps

@@ -231,12 +231,12 @@ def test_workers_ray_cannot_place_fail_within_the_startup_timeout_naming_what_is
     tmp_path,
     shards,  # noqa: F811
 ):
-    from services.train.driver import run_pretraining
+    from tests.runs import run_training
 
     config = run_config(tmp_path, shards, "too-many-workers", num_workers=3, global_batch_size=12, startup_timeout_s=5)
     started = time.monotonic()
     with pytest.raises(ConfigError, match=r"could not place 3 workers .* the cluster has CPU 2"):
-        run_pretraining(config)
+        run_training(config)
     assert time.monotonic() - started < 90
 
 

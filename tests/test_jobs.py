@@ -377,7 +377,7 @@ def _pod_specs() -> list[dict]:
 def test_every_ray_pod_gives_a_sigterm_time_to_checkpoint_before_sigkill():
     """A pod deleted (scale-down, node drain, a rollout) gets SIGTERM, then SIGKILL after its grace period: longer
     than train.stop_grace_s, in which a SIGTERM'd run saves a checkpoint at its next step."""
-    from services.rundir.config import TrainSection
+    from services.rundir.sections import TrainSection
 
     ray_pods = [pod for spec in _ray_cluster_specs() for pod in
                 [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"])]]  # fmt: skip

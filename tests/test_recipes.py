@@ -327,6 +327,26 @@ def test_pretrain_refuses_a_changed_resume_before_ray_starts(started_run, capsys
     assert "optim.lr: 0.003 -> 0.001" in capsys.readouterr().out
 
 
+def test_one_dry_run_of_a_resume_checks_its_recipe_once(started_run, capsys, monkeypatch):
+    """RunConfig.validate runs in one place, when the config is built (RunConfig.from_dict): the path from the
+    command to the plan (services.train.driver.prepare_run, its resume check reading the recorded config) adds none."""
+    from services.cli import main
+
+    checked, validate = [], RunConfig.validate
+
+    def counted(config: RunConfig) -> None:
+        checked.append(config.run.name)
+        validate(config)
+
+    monkeypatch.setattr(RunConfig, "validate", counted)
+    argv = ["pretrain", "--config", "tiny", "--resume", str(started_run.run_dir),
+            "--set", f"data.shards={started_run.data.shards}", "--set", "optim.warmup_steps=10",
+            "--set", "optim.lr=0.001", "--allow-config-change", "optim.lr", "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    assert "optim.lr: 0.003 -> 0.001" in capsys.readouterr().out  # the resume check compared the two configs
+    assert checked == ["r"]
+
+
 def test_a_resume_under_another_config_warns_on_the_console_through_the_runs_events(tmp_path):
     """The worker's warning becomes a `warning` event, which the driver's live view prints (a local Ray does not
     pass worker logs to the console)."""
@@ -346,7 +366,7 @@ def test_a_resume_under_another_config_warns_on_the_console_through_the_runs_eve
     backend = SimpleNamespace(load=lambda *a: TrainerState(step=4, config_hash="another", micro_batch_size=16))
     shards = ShardSet("/shards", ("/shards/train/a.parquet",), (100,), (1,), ("part-0",), ("",))
     config = RunConfig.load("tiny", {"data.shards": "/shards", "run.output_dir": str(tmp_path)})
-    plan = WorkerPlan(run=config, run_dir=str(tmp_path / "r"), token_ids=TokenIds(vocab_size=64), shards=shards)
+    plan = WorkerPlan(config=config, run_dir=str(tmp_path / "r"), token_ids=TokenIds(vocab_size=64), shards=shards)
     worker = loop.Worker(plan, rank=0, world=2, distributed=False, backend=backend, record=record, shards=shards)
     model = SimpleNamespace(config=SimpleNamespace(hidden_dropout_prob=0.0))
     loop.resume(worker, model, None, None)

@@ -20,7 +20,7 @@ import pytest
 from albert_core.model.config import ConfigError
 from services.rundir.config import RunConfig
 from services.rundir.log import read_metrics
-from services.train.worker import STOP_ENV
+from services.train.plan import STOP_ENV
 from tests.test_faults import Fault, cluster, read_trace, shards, train_traced  # noqa: F401
 from tests.test_train import run_config
 
@@ -190,7 +190,7 @@ def test_the_resumed_events_record_the_worker_counts(resized):
 def elastic(cluster, shards, tmp_path_factory):  # noqa: F811
     """train.min_workers = 1, num_workers = 3 on the cluster's 3 CPUs; a worker node that hosts a training worker
     is removed after step 3 and added back once the run ends (Cluster.add_node works only on the main thread, where
-    run_pretraining is, so growing back mid-run is not exercised here)."""
+    the run is launched, so growing back mid-run is not exercised here)."""
     root = tmp_path_factory.mktemp("elastic")
     config = resize_config(root, shards, "elastic", num_workers=3, min_workers=1, max_failures=2, startup_timeout_s=30)
     timeline: list[dict[str, Any]] = []

@@ -35,7 +35,7 @@ def make_worker(shards: ShardSet, **data) -> loop.Worker:
             "train": {"global_batch_size": BATCH, "micro_batch_size": BATCH},
         }
     )
-    plan = WorkerPlan(run=config, run_dir="/runs/r", token_ids=TokenIds(vocab_size=64), shards=shards)
+    plan = WorkerPlan(config=config, run_dir="/runs/r", token_ids=TokenIds(vocab_size=64), shards=shards)
     return loop.Worker(plan, rank=0, world=1, distributed=False, backend=None, record=None, shards=shards)
 
 

@@ -28,7 +28,7 @@ from services.rundir.config import RunConfig
 from services.rundir.ledger import RunLedger
 from services.rundir.schedules import RESULT_KIND, ScheduleSpec
 from services.terminal import EXIT_DATA, EXIT_USAGE
-from services.train.driver import run_pretraining
+from tests.runs import run_training
 from tests.test_coordinator import flip_a_bit, write_checkpoint
 from tests.test_train import run_config, write_heldout, write_shards
 
@@ -243,7 +243,7 @@ def scheduled_run(ray_local, tmp_path_factory):
     shards = write_heldout(write_shards(root / "shards"))
     config = run_config(root, shards, "scheduled", checkpoint_every=2, keep_last=2)
     config.optim.total_steps = 12
-    training = threading.Thread(target=run_pretraining, args=(config,), kwargs={"resume": False})
+    training = threading.Thread(target=run_training, args=(config,), kwargs={"resume": False})
     training.start()
     run_dir = config.run_dir.resolve()
     wait_for(lambda: list((run_dir / "checkpoints").glob("step_*")), 180, "the run's first checkpoint")

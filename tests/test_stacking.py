@@ -225,23 +225,23 @@ def shards(tmp_path):
 
 
 def test_a_run_with_a_width_mismatched_init_from_fails_before_any_worker_starts(tmp_path, shards):
-    from services.train.driver import run_pretraining
+    from tests.runs import run_training
 
     save_model(tmp_path / "shallow", trained_like(config(2).replace(vocab_size=VOCAB)))
     bad = run_config(tmp_path, shards, str(tmp_path / "shallow"), intermediate_size=128)
     with pytest.raises(ConfigError, match=r"^model\.init_from: .*intermediate_size: the source checkpoint has 64"):
-        run_pretraining(bad, resume=False)
+        run_training(bad, resume=False)
     assert not (tmp_path / "runs" / "stacked" / "checkpoints").exists()
 
 
 @pytest.mark.ray
 def test_a_run_with_init_from_starts_at_the_stacked_weights(ray_local, tmp_path, shards):
-    from services.train.driver import run_pretraining
+    from tests.runs import run_training
 
     shallow = trained_like(config(2).replace(vocab_size=VOCAB))
     save_model(tmp_path / "shallow", shallow)
     run = run_config(tmp_path, shards, str(tmp_path / "shallow"))
-    result = run_pretraining(run, resume=False)
+    result = run_training(run, resume=False)
     assert result.step == 1
     trained = load_file(result.checkpoint / "model.safetensors")
     stacked = stack_layers(state_dict_of(shallow), shallow.config, run.model_config(VOCAB))
@@ -277,13 +277,13 @@ def with_continue(config: RunConfig) -> RunConfig:
 
 def test_continue_from_init_needs_a_training_checkpoint(tmp_path, shards):
     """The data position is a count of examples of the run's stream, so any worker layout carries it over."""
-    from services.train.driver import run_pretraining
+    from tests.runs import run_training
 
     shallow = trained_like(config(2).replace(vocab_size=VOCAB))
     save_model(tmp_path / "weights-only", shallow)
     run = with_continue(run_config(tmp_path, shards, str(tmp_path / "weights-only")))
     with pytest.raises(ConfigError, match=r"^data\.continue_from_init: .*weights-only has no readable training state"):
-        run_pretraining(run, resume=False)
+        run_training(run, resume=False)
     with pytest.raises(ConfigError, match="data.continue_from_init: needs model.init_from"):
         with_continue(run_config(tmp_path, shards, ""))
 
@@ -293,10 +293,10 @@ def test_continue_from_init_reads_on_where_the_source_run_stopped(ray_local, tmp
     """16 rows, 8 per step. The source stopped after 8 examples; the stacked run's one step reads the other 8 and so
     ends the epoch, where a run without the option would still be in epoch 0."""
     from services.rundir.checkpoints import read_trainer_json
-    from services.train.driver import run_pretraining
+    from tests.runs import run_training
 
     shallow = trained_like(config(2).replace(vocab_size=VOCAB))
     source = training_checkpoint(tmp_path / "source", shallow, examples_seen=8)
-    result = run_pretraining(with_continue(run_config(tmp_path, shards, str(source))), resume=False)
+    result = run_training(with_continue(run_config(tmp_path, shards, str(source))), resume=False)
     state = read_trainer_json(result.checkpoint)["state"]
     assert (result.step, state["epoch"], state["examples_seen"]) == (1, 1, 16)

@@ -20,8 +20,8 @@ from albert_core.files import HeldLock
 from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.preprocess.layout import PROGRESS_DIR, Layout
 from services.rundir.log import read_metrics
-from services.train.driver import run_pretraining
-from services.train.worker import TRACE_ENV
+from services.train.plan import TRACE_ENV
+from tests.runs import run_training
 from tests.test_faults import FIXTURE, cluster, read_trace, shards, wait_for, write_corpus  # noqa: F401 (fixtures)
 from tests.test_resize import CLUSTER_SOAK_ENV
 from tests.test_train import run_config
@@ -110,7 +110,7 @@ def test_a_drained_node_gets_a_checkpoint_at_the_notice_step_and_the_restart_res
         mp.setenv(TRACE_ENV, str(trace))
         injector.start()
         try:
-            result = run_pretraining(config, resume=False)
+            result = run_training(config, resume=False)
         finally:
             injector.join(timeout=120)
             cluster.cluster.add_node(num_cpus=1)

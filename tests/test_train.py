@@ -21,10 +21,9 @@ from albert_core.text.tokenization import TokenIds, Tokenizer, TokenizerTrainCon
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
 from services.rundir.config import RunConfig
 from services.rundir.log import read_metrics
-from services.train.driver import run_pretraining
-from services.train.plan import plan_data, resolve_token_ids
+from services.train.plan import STOP_ENV, plan_data, resolve_token_ids
 from services.train.step import accumulate_gradients, make_micro_batch, train_step
-from services.train.worker import STOP_ENV
+from tests.runs import run_training
 
 VOCAB = 96
 SEQ = 32
@@ -315,20 +314,20 @@ def test_bad_shards_fail_before_any_worker_starts(tmp_path, layout, message):
         write_shards(shards, (12, 12))
         pq.write_table(pa.table({"example_id": [1], "input_ids": [[2, 3]]}), shards / "train" / "shard-00001.parquet")
     with pytest.raises(ConfigError, match=message):
-        run_pretraining(run_config(tmp_path, shards, "bad"))
+        run_training(run_config(tmp_path, shards, "bad"))
 
 
 def test_xla_backend_without_torch_xla_is_refused_naming_the_field(tmp_path):
     shards = write_shards(tmp_path / "s")
     with pytest.raises(ConfigError, match="train.backend: 'xla' needs torch_xla"):
-        run_pretraining(run_config(tmp_path, shards, "x", backend="xla"))
+        run_training(run_config(tmp_path, shards, "x", backend="xla"))
 
 
 def test_empty_data_shards_is_an_error_naming_the_field(tmp_path):
     config = run_config(tmp_path, "", "e")
     config.data.shards = ""
     with pytest.raises(ConfigError, match="data.shards: empty"):
-        run_pretraining(config)
+        run_training(config)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,7 +342,7 @@ def shards(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted(ray_local, shards, tmp_path_factory):
     config = run_config(tmp_path_factory.mktemp("a"), shards, "straight")
-    result = run_pretraining(config, resume=False)
+    result = run_training(config, resume=False)
     return config, result
 
 
@@ -358,10 +357,10 @@ def crashed_then_resumed(ray_local, shards, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(STOP_ENV, "5")
         with pytest.raises(Exception, match=STOP_ENV):
-            run_pretraining(config, resume=False)
+            run_training(config, resume=False)
     before = train_lines(config.run_dir / "metrics.jsonl")
     latest_before = latest_good(config.run_dir / "checkpoints")
-    result = run_pretraining(config, resume=True)
+    result = run_training(config, resume=True)
     return config, result, before, latest_before
 
 
@@ -433,14 +432,14 @@ def test_a_spent_wall_clock_budget_ends_every_worker_at_the_same_step_and_a_reru
     ray_local, shards, tmp_path
 ):
     config = run_config(tmp_path, shards, "budget", max_seconds=1e-3)  # the first step spends it
-    result = run_pretraining(config, resume=False)
+    result = run_training(config, resume=False)
     assert (result.step, result.finished) == (1, True)
     assert [step for step, _ in list_checkpoints(config.run_dir / "checkpoints")] == [1]
     records = train_lines(config.run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == [1]
     assert records[0]["train_seconds"] >= 1e-3
     everything = read_metrics(config.run_dir / "metrics.jsonl")
-    again = run_pretraining(config, resume=True)
+    again = run_training(config, resume=True)
     assert (again.step, again.finished) == (1, True)
     assert read_metrics(config.run_dir / "metrics.jsonl") == everything
 
@@ -450,7 +449,7 @@ def test_a_time_clock_runs_the_schedule_over_the_budget_on_every_worker(ray_loca
     # before (position = total_steps x seconds / max_seconds), not the step count, and is near 0 when the budget ends.
     config = run_config(tmp_path, shards, "clock", max_seconds=4.0, checkpoint_every=1000, dropout_removal_step=0)
     config.optim.total_steps, config.optim.warmup_steps, config.optim.clock = 1000, 0, "time"
-    result = run_pretraining(config, resume=False)
+    result = run_training(config, resume=False)
     assert result.finished and 1 < result.step < 1000
     records = train_lines(config.run_dir / "metrics.jsonl")
     assert records[0]["lr"] == pytest.approx(config.optim.lr)  # position 0
@@ -477,10 +476,21 @@ def test_a_negative_budget_is_refused_naming_the_field(tmp_path):
         run_config(tmp_path, tmp_path, "n", max_seconds=-1)
 
 
+def test_a_finished_run_is_not_planned_again_and_its_dry_run_says_what_the_run_says(uninterrupted):
+    from services.train.driver import prepare_run
+    from services.train.dry_run import dry_run
+
+    config, result = uninterrupted
+    prepared = prepare_run(config, resume=True)
+    assert prepared.plan is None and prepared.finished == result
+    assert prepared.finished_line().startswith(f"run straight already finished at step 8 ({result.checkpoint})")
+    assert dry_run(config, resume=True) == [prepared.finished_line(), "dry run: nothing was started or written"]
+
+
 def test_resume_false_refuses_a_run_directory_with_checkpoints(uninterrupted):
     config, _ = uninterrupted
     with pytest.raises(ConfigError, match="already holds checkpoints"):
-        run_pretraining(config, resume=False)
+        run_training(config, resume=False)
 
 
 # --------------------------------------------------------------------------------------------------

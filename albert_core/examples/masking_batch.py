@@ -42,6 +42,7 @@ from albert_core.examples.masking import (
     ngram_mask,
 )
 from albert_core.examples.pcg64 import RowStreams, to_doubles
+from albert_core.examples.shape import shape_field
 
 _M32 = np.uint64(0xFFFFFFFF)
 _WINDOW = 16  # 32-bit draws looked at per permutation step (each is accepted with probability >= 1/2)
@@ -304,8 +305,8 @@ class MaskSettings:
     vocab_size: int
     special_ids: tuple[int, ...]
     mask_id: int
-    mask_prob: float = 0.15
-    max_ngram: int = 3
+    mask_prob: float = shape_field("mask_prob")
+    max_ngram: int = shape_field("max_ngram")
 
     @property
     def excluded(self) -> np.ndarray:

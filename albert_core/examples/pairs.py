@@ -24,25 +24,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from albert_core.examples.shape import shape_field, shape_fields, shape_problem
+
 IGNORE_LABEL = -100
-OBJECTIVES = ("sop", "nsp", "none")
 
 
 @dataclass(frozen=True)
 class PairConfig:
-    max_seq_length: int = 512
-    short_seq_prob: float = 0.1
-    objective: str = "sop"  # sop | nsp | none
+    """The pair side of the example shape (albert_core.examples.shape), as create_pairs takes it."""
+
+    max_seq_length: int = shape_field("max_seq_length")
+    short_seq_prob: float = shape_field("short_seq_prob")
+    objective: str = shape_field("objective")  # sop | nsp | none
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_seq_length, int) or self.max_seq_length < 5:
-            raise ValueError(
-                f"PairConfig.max_seq_length must be an int >= 5 ([CLS] a [SEP] b [SEP]), got {self.max_seq_length!r}"
-            )
-        if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise ValueError(f"PairConfig.short_seq_prob must be in [0, 1], got {self.short_seq_prob!r}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"PairConfig.objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        for name in shape_fields(PairConfig):
+            problem = shape_problem(name, getattr(self, name))
+            if problem:
+                raise ValueError(f"PairConfig.{name}: {problem}")
 
     @property
     def max_pair_tokens(self) -> int:

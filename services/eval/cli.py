@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from albert_core.examples.shape import ExampleShape
 from albert_core.examples.shards import HELDOUT_FILE
 from services.rundir import schedules
 from services.rundir.schedules import RESULT_KIND, ScheduleSpec
@@ -207,7 +208,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _evaluation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heldout", required=True, help="<shards>/heldout/documents.parquet")
-    parser.add_argument("--max-seq-length", type=int, default=512)
+    parser.add_argument("--max-seq-length", type=int, default=ExampleShape.max_seq_length)
     parser.add_argument("--max-examples", type=int, default=640)
     parser.add_argument("--task", action="append", default=[], help="a downstream task, e.g. sst2")
     parser.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from albert_core.examples.shape import shape_field
 from albert_core.files import TRAINER_FILE
 from services.rundir.config import RunConfig
 
@@ -37,15 +38,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class IntrinsicOptions:
-    """How held-out examples are built and batched; the same options give the same examples every time."""
+    """How held-out examples are built and batched; the same options give the same examples every time. Their shape
+    is the example shape's (albert_core.examples.shape; SOP and NSP pairs are both built, whatever the run's task)."""
 
-    max_seq_length: int = 512
+    max_seq_length: int = shape_field("max_seq_length")
     seed: int = 12345
     batch_size: int = 32
     max_examples: int = 640
-    mask_prob: float = 0.15
-    max_ngram: int = 3
-    short_seq_prob: float = 0.1
+    mask_prob: float = shape_field("mask_prob")
+    max_ngram: int = shape_field("max_ngram")
+    short_seq_prob: float = shape_field("short_seq_prob")
 
     @classmethod
     def from_run_config(cls, config: RunConfig) -> IntrinsicOptions:

@@ -174,7 +174,7 @@ def coordinator_evaluation(config: RunConfig, checkpoint: str | Path) -> dict[st
     state_path = ledger_path(run_dir)
     if not state_path.is_file():
         return None
-    started_with = RunConfig.from_dict(json.loads(state_path.read_text())["config"], source=str(state_path))
+    started_with = RunConfig.parse(json.loads(state_path.read_text())["config"], source=str(state_path))
     same_options = IntrinsicOptions.from_run_config(started_with) == IntrinsicOptions.from_run_config(config)
     same_shards = Path(started_with.data.shards).resolve() == Path(config.data.shards).resolve()
     token_ids = resolve_token_ids(Path(config.data.shards), config)

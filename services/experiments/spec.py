@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from albert_core.examples.shape import shape_field, shape_fields, shape_problem
 from albert_core.model.config import ConfigError
 from services.rundir.config import RunConfig, merge_fields, resolve_config_path
 
@@ -28,13 +29,14 @@ RESULT_METRICS = (
 
 @dataclass
 class PreprocessSpec:
-    """How the shards of every cell are built (services.preprocess.pipeline.PreprocessConfig fields)."""
+    """How the shards of every cell are built (services.preprocess.config.PreprocessConfig fields; the pair task and
+    short_seq_prob are the example shape's, albert_core.examples.shape, and max_seq_length is the recipe's)."""
 
     inputs: list[str]
     tokenizer: str
     cache: str = ".cache/albert/experiments"
-    objective: str = "sop"
-    short_seq_prob: float = 0.1
+    objective: str = shape_field("objective")
+    short_seq_prob: float = shape_field("short_seq_prob")
     seed: int = 12345
     heldout_fraction: float = 0.02
     shard_mb: float = 1.0
@@ -264,6 +266,9 @@ def cell_preprocess(spec: ExperimentSpec, cell: Cell, max_seq_length: int) -> di
             if name not in options or name == "cache":
                 raise ConfigError(f"{spec.source}: cell {cell.name}: {key}: not a preprocess option of a cell")
             options[name] = value
+    for name, shape_name in shape_fields(PreprocessSpec).items():
+        if problem := shape_problem(shape_name, options[name]):
+            raise ConfigError(f"{spec.source}: cell {cell.name}: preprocess.{name}: {problem}")
     options["max_seq_length"] = max_seq_length
     return options
 

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import fsspec
+
+from albert_core.examples.shape import shape_fields, shape_problem
+from services.preprocess.config import PreprocessConfig
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -27,17 +31,21 @@ MISSING_HINT = f"{EXPECTED_INPUT}; --on-error skip goes on without it"
 
 
 def check_arguments(args: Namespace) -> None:
-    """The numbers on the `albert preprocess` command line, each error naming its option."""
+    """The numbers on the `albert preprocess` command line, each error naming its option (the example shape's by its
+    rules, albert_core.examples.shape)."""
     checks = [
         ("--heldout-fraction", args.heldout_fraction, lambda v: 0 <= v < 1, "a fraction in [0, 1)"),
-        ("--short-seq-prob", args.short_seq_prob, lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
         ("--shard-mb", args.shard_mb, lambda v: 0 < v < math.inf, "a number of megabytes > 0"),
-        ("--max-seq-length", args.max_seq_length, lambda v: v >= 5, "an integer >= 5 ([CLS] A [SEP] B [SEP])"),
         ("--num-cpus", args.num_cpus, lambda v: v is None or v >= 1, "an integer >= 1"),
     ]
     for option, value, ok, expected in checks:
         if not ok(value):
             raise ValueError(f"{option}: expected {expected}, got {value}")
+    flags = {f.name: f.metadata.get("flag") for f in fields(PreprocessConfig)}
+    for name, shape_name in shape_fields(PreprocessConfig).items():
+        problem = shape_problem(shape_name, getattr(args, name))
+        if problem:
+            raise ValueError(f"{flags[name]}: {problem}")
 
 
 def missing_input(root: str, paths: list[str]) -> str | None:

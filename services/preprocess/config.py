@@ -2,7 +2,9 @@
 
 The options a user sets on the command line are declared here once: each such field carries its flag and help in
 its metadata, and services.preprocess.cli derives the flags from them (with the field's default). The fields marked
-`shape` decide what an example is; an appended part takes its shard set's values of those.
+`shape` decide what an example is; an appended part takes its shard set's values of those. Those of them that are the
+example shape's (max_seq_length, the pair task, short_seq_prob) take their default, help and allowed values from
+albert_core.examples.shape.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from albert_core.examples.pairs import OBJECTIVES, PairConfig
+from albert_core.examples.pairs import PairConfig
+from albert_core.examples.shape import OBJECTIVES, shape_field, shape_fields, shape_problem
 from albert_core.text.corpus import FORMATS, MAX_DOCUMENT_CHARS, ON_ERROR, SPLITS, Region
 
 
@@ -21,14 +24,20 @@ def option(default: Any, flag: str | None, help: str, *, shape: bool = False, **
     return field(default=default, metadata={"flag": flag, "help": help, "shape": shape, "argparse": argparse_kwargs})
 
 
+def example_option(name: str, flag: str, **argparse_kwargs: Any):
+    """An option that is the example shape's field `name` (its default and help are ExampleShape's); it decides the
+    examples, so an appended part takes its shard set's."""
+    return shape_field(name, flag=flag, shape=True, argparse=argparse_kwargs)
+
+
 @dataclass
 class PreprocessConfig:
     inputs: list[str]
     tokenizer: str  # spiece.model or a directory holding it
     output: str
-    objective: str = option("sop", "--objective", "the pair task", shape=True, choices=OBJECTIVES)
-    max_seq_length: int = option(512, "--max-seq-length", "tokens per example, [CLS] and [SEP]s included", shape=True)
-    short_seq_prob: float = option(0.1, "--short-seq-prob", "share of examples with a shorter target", shape=True)
+    objective: str = example_option("objective", "--objective", choices=OBJECTIVES)
+    max_seq_length: int = example_option("max_seq_length", "--max-seq-length")
+    short_seq_prob: float = example_option("short_seq_prob", "--short-seq-prob")
     seed: int = option(12345, "--seed", "seed of pair creation (NSP draws, short targets)", shape=True)
     # A bad file or record in the inputs: skip: a counted skip; fail: the job stops naming file and line/record
     # (the command line's --on-error sets this and skip_missing_inputs).
@@ -63,8 +72,10 @@ class PreprocessConfig:
         self.tokenizer, self.output = str(self.tokenizer), str(self.output)
         if not self.inputs:
             raise ValueError("PreprocessConfig.inputs: expected at least one input path")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"PreprocessConfig.objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        for name in shape_fields(PreprocessConfig):
+            problem = shape_problem(name, getattr(self, name))
+            if problem:
+                raise ValueError(f"PreprocessConfig.{name}: {problem}")
         if self.on_error not in ON_ERROR:
             raise ValueError(f"PreprocessConfig.on_error must be one of {ON_ERROR}, got {self.on_error!r}")
         if self.fmt not in FORMATS:
@@ -79,7 +90,6 @@ class PreprocessConfig:
                 raise ValueError(f"PreprocessConfig.{name} must be an int >= 1, got {value!r}")
         if self.num_cpus is not None and (not isinstance(self.num_cpus, int) or self.num_cpus < 1):
             raise ValueError(f"PreprocessConfig.num_cpus must be None or an int >= 1, got {self.num_cpus!r}")
-        self.pair_config()  # validates max_seq_length and short_seq_prob
 
     def pair_config(self) -> PairConfig:
         return PairConfig(

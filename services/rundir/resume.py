@@ -19,9 +19,10 @@ from typing import Any
 from albert_core.examples.shards import MANIFEST_FILE
 from albert_core.model.config import AlbertConfig, ConfigError
 from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints
-from services.rundir.config import SECTION_TYPES, RunConfig, config_changes
+from services.rundir.config import RunConfig, config_changes
 from services.rundir.fields import type_hints
 from services.rundir.ledger import ledger_path
+from services.rundir.sections import SECTION_TYPES
 
 OVERRIDES = "model.overrides"
 
@@ -90,8 +91,8 @@ def field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[s
 
 def _with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     try:
-        return RunConfig.from_dict(dict(config), source="").to_dict()
-    except (ConfigError, TypeError):  # not a valid config now: compared as recorded
+        return RunConfig.parse(dict(config), source="").to_dict()
+    except (ConfigError, TypeError):  # not a config of today's fields: compared as recorded
         return dict(config)
 
 

@@ -5,8 +5,10 @@ Where things are:
 - pretrain.py    the job: Ray, the run's coordinator, the trainer, the live view, the report
 - coordinator.py the run's coordinator actor (the ledger in services.rundir, plus evaluations on Ray)
 - interrupt.py   Ctrl-C on the driver: a graceful stop first, at once on the second
-- driver.py      `run_pretraining`: checks, the worker plan, one TorchTrainer, the result
-- plan.py        what the driver decides: vocabulary, shard files, PJRT runtime, the frozen WorkerPlan
+- driver.py      the one path from a command to the workers: `prepare_run` (a finished run, a resume's config
+                 changes, the plan) and `launch(plan)` (one TorchTrainer), the result
+- dry_run.py     `albert pretrain --dry-run`: prepare_run's plan, printed
+- plan.py        what the driver decides (make_plan): vocabulary, shard files, PJRT runtime, the frozen WorkerPlan
 - worker.py      the loop each worker runs (resume, input, step, after-step hooks)
 - data.py        a worker's input: its slice of each global batch in the run's example order, masked
 - input.py       that input ahead of the loop: in a thread, or in input processes (train.input_workers)

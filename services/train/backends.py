@@ -221,7 +221,7 @@ class XlaBackend:
 
 def backend_for(plan: WorkerPlan, *, world: int, reduce_sum: ReduceSum | None) -> StepBackend:
     """The step backend train.backend names, for this Ray Train worker."""
-    t, data = plan.run.train, plan.run.data
+    t, data = plan.config.train, plan.config.data
     if t.backend == "xla":
         return XlaBackend(
             plan.pjrt_device,

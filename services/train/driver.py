@@ -1,29 +1,27 @@
-"""The driver of a pretraining run: check everything that can be checked, plan, launch one TorchTrainer with
-`train.num_workers` copies of the worker loop (services.train.worker), and read back where the run ended."""
+"""The one path from a command to the workers. `prepare_run` takes a checked config (RunConfig.load / from_dict
+checked it, once) through everything that can be decided before Ray starts: whether the run has already finished,
+what a resume changes in its recipe (services.rundir.resume), and the plan every worker gets
+(services.train.plan.make_plan). `launch(plan)` runs one TorchTrainer with `train.num_workers` copies of the worker
+loop (services.train.worker) and reads back where the run ended. `albert pretrain` (services.train.pretrain), its
+--dry-run (services.train.dry_run), experiments' cells and the tests all take this path."""
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
-import shutil
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from albert_core.model.config import ConfigError
-from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, list_checkpoints, read_trainer_json
+from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, read_trainer_json
 from services.rundir.config import RunConfig
 from services.rundir.log import METRICS_FILE, read_metrics
+from services.rundir.resume import check_resume_changes
 from services.train.interrupt import run_interruptibly
-from services.train.plan import (
-    WorkerPlan,
-    init_data_position,
-    pjrt_device_for,
-    plan_data,
-    resolve_token_ids,
-    unigram_for,
-)
-from services.train.worker import STOP_ENV, TRACE_ENV, train_loop_per_worker
+from services.train.plan import WorkerPlan, make_plan
+from services.train.worker import train_loop_per_worker
 
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train's wait for a worker group to be placed
 ELASTIC_PLACEMENT_RETRIES = 3  # train.min_workers > 0: placements retried, each up to train.startup_timeout_s
@@ -42,81 +40,52 @@ class TrainResult:
     signal: str | None = None  # the signal that asked it to (SIGINT, SIGTERM)
 
 
-def run_pretraining(
+@dataclass(frozen=True)
+class PreparedRun:
+    """What prepare_run decided: the plan to launch, or, for a resume of a run that has already finished, its result
+    (nothing to train: no plan is made)."""
+
+    config: RunConfig
+    plan: WorkerPlan | None
+    finished: TrainResult | None = None
+    changes: dict[str, list[Any]] = field(default_factory=dict)  # a resume's recipe changes (each safe or allowed)
+
+    def finished_line(self) -> str:
+        done = self.finished
+        assert done is not None, "the run has not finished"
+        return (
+            f"run {self.config.run.name} already finished at step {done.step} ({done.checkpoint}); nothing to train. "
+            "To train on, raise optim.total_steps; for a new run, choose another run.name"
+        )
+
+
+def prepare_run(
     config: RunConfig,
     *,
-    shards_dir: Path | None = None,
     resume: bool = True,
-    coordinator_name: str | None = None,
-    callbacks: list | None = None,
-    plan: WorkerPlan | None = None,
-) -> TrainResult:
-    """Validate, plan the data, run the TorchTrainer to optim.total_steps; resumes from the newest good checkpoint.
+    allow_config_change: Sequence[str] = (),
+    coordinator: str | None = None,
+    dry_run: bool = False,
+) -> PreparedRun:
+    """Every check before Ray starts, then the plan; ConfigError naming the field or file otherwise.
 
-    Everything that can be checked is checked before a worker starts: the config, the shards directory
-    (`data.shards`), the vocabulary, model.init_from. resume=False refuses a run directory that already holds
-    checkpoints rather than mixing two runs in it. `plan`: one make_plan made already (before Ray started).
-    """
-    if plan is None:
-        plan = make_plan(config, shards_dir=shards_dir, resume=resume, coordinator_name=coordinator_name)
+    resume=True continues the run directory from its newest good checkpoint: a run that has finished is not planned
+    again, and a recipe that changes fields other than those safe to change (services.rundir.resume) is refused
+    unless `allow_config_change` names them. resume=False refuses a run directory that already holds checkpoints.
+    `coordinator`: the run's coordinator actor the workers report to (None: rank 0 keeps the ledger itself).
+    dry_run: the checks and the plan only, nothing written (`albert pretrain --dry-run`)."""
+    if resume and (done := result_of(config)).finished:
+        return PreparedRun(config, None, finished=done)
+    changes = check_resume_changes(config.run_dir, config, allow_config_change) if resume else {}
+    plan = make_plan(config, resume=resume, coordinator=coordinator, dry_run=dry_run)
+    return PreparedRun(config, plan, changes=changes)
+
+
+def launch(plan: WorkerPlan, callbacks: list | None = None) -> TrainResult:
+    """Train the plan to optim.total_steps (resuming from the newest good checkpoint), on a Ray already started;
+    returns where the run ended."""
     fit(plan, callbacks)
-    return result_of(config)
-
-
-def make_plan(
-    config: RunConfig, *, shards_dir: Path | None, resume: bool, coordinator_name: str | None, dry_run: bool = False
-) -> WorkerPlan:
-    """Every check before Ray, and the plan the workers get. dry_run: the checks and the plan only, nothing written
-    (no run directory made, no unigram counts stored: `albert pretrain --dry-run`)."""
-    config.validate()
-    t = config.train
-    pjrt_device = None
-    if t.backend == "xla":
-        if importlib.util.find_spec("torch_xla") is None:
-            raise ConfigError(
-                "train.backend: 'xla' needs torch_xla (torch-xla 2.9 with torch 2.9.0) on the driver and every worker; "
-                "scripts/xla_venv.sh builds that virtualenv, the TPU cluster recipes install it on every node"
-            )
-        pjrt_device = pjrt_device_for(t)
-    if shards_dir is None:
-        if not config.data.shards:
-            raise ConfigError("data.shards: empty; point it at a preprocess output directory")
-        shards_dir = Path(config.data.shards)
-    shards_dir = Path(shards_dir).resolve()
-    shards = plan_data(shards_dir, config)
-    ids = resolve_token_ids(shards_dir, config)
-    if config.model.mlm_bias_init == "unigram" and not dry_run:
-        unigram_for(shards_dir, config)  # counted once per shard set, then read by every worker
-    run_dir = config.run_dir.resolve()
-    init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
-    if init_from is not None:  # the workers read it by absolute path
-        from albert_core.model.stacking import check_init_source
-
-        check_init_source(init_from, config.model_config(ids.vocab_size))
-    if not resume and list_checkpoints(run_dir / CHECKPOINTS_DIR):
-        raise ConfigError(
-            f"run.name: {run_dir} already holds checkpoints; resume it, or choose another run.name / run.output_dir"
-        )
-    if not resume and not dry_run:
-        shutil.rmtree(run_dir / "ray" / config.run.name, ignore_errors=True)  # Ray would restore its old run state
-    stop_after, trace = os.environ.get(STOP_ENV), os.environ.get(TRACE_ENV)
-    if not dry_run:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if trace:
-            Path(trace).mkdir(parents=True, exist_ok=True)
-    return WorkerPlan(
-        run=config,
-        run_dir=str(run_dir),
-        token_ids=ids,
-        shards=shards,
-        coordinator=coordinator_name,
-        pjrt_device=pjrt_device,
-        init_from=str(init_from) if init_from else None,
-        init_data_position=init_data_position(init_from) if config.data.continue_from_init else None,
-        stop_after_step=int(stop_after) if stop_after else None,
-        trace_examples=str(Path(trace).resolve()) if trace else None,
-        unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
-    )
+    return result_of(plan.config)
 
 
 def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
@@ -126,15 +95,16 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
     and end (after a SIGTERM, within train.stop_grace_s); a second one stops at once (services.train.interrupt).
     Workers Ray cannot place within train.startup_timeout_s fail the run with a message naming the resources missing,
     instead of a silent retry loop. Restarts after a preempted node count against train.max_preemption_failures."""
-    import ray.train
+    from ray.train import ControllerError, FailureConfig, ScalingConfig
+    from ray.train import RunConfig as RayRunConfig  # Ray Train's run options, not the recipe's RunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    t = plan.run.train
+    t = plan.config.train
     resources = {"CPU": t.cpus_per_worker, **t.resources_per_worker}
     use_gpu = t.backend == "cuda" or resources.get("GPU", 0) > 0
     tpu = {"use_tpu": True} if resources.get("TPU", 0) > 0 else {}  # Ray refuses a TPU resource without it
     try:
-        scaling = ray.train.ScalingConfig(
+        scaling = ScalingConfig(
             num_workers=worker_group_size(t), use_gpu=use_gpu, resources_per_worker=resources, **tpu
         )
     except (TypeError, ValueError) as err:
@@ -146,13 +116,13 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
         # the host all-reduce of the gradients (services.train.xla.host_sum_gradients).
         torch_config=TorchConfig(backend="nccl" if t.backend == "cuda" else "gloo"),
         scaling_config=scaling,
-        run_config=ray.train.RunConfig(
-            name=plan.run.run.name,
+        run_config=RayRunConfig(
+            name=plan.config.run.name,
             storage_path=str(Path(plan.run_dir) / "ray"),
             # A worker group that cannot be placed in time fails the run (below); an elastic one first retries:
             # Ray 2.60 sizes it from a view of the nodes up to 20 s old, so its first try after a node loss can ask
             # for the lost node's workers too.
-            failure_config=ray.train.FailureConfig(
+            failure_config=FailureConfig(
                 max_failures=t.max_failures,
                 max_preemption_failures=t.max_preemption_failures,  # a preempted node does not use up max_failures
                 controller_failure_limit=ELASTIC_PLACEMENT_RETRIES if t.min_workers else 0,
@@ -163,8 +133,8 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
     os.environ[START_TIMEOUT_ENV] = str(t.startup_timeout_s)  # passed on to the trainer's controller actor
     stop = functools.partial(request_stop, plan.coordinator) if plan.coordinator else None
     try:
-        run_interruptibly(trainer.fit, graceful_stop=stop, what=f"run {plan.run.run.name}", grace_s=t.stop_grace_s)
-    except ray.train.ControllerError as err:
+        run_interruptibly(trainer.fit, graceful_stop=stop, what=f"run {plan.config.run.name}", grace_s=t.stop_grace_s)
+    except ControllerError as err:
         if "WorkerGroupStartupTimeoutError" not in type(err.controller_failure).__name__:
             raise
         raise ConfigError(workers_missing(t, resources, t.startup_timeout_s)) from None

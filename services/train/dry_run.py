@@ -1,6 +1,6 @@
-"""`albert pretrain --dry-run`: the whole plan of a run, made with every check the driver makes before Ray starts
-(services.train.driver.make_plan: the recipe, the shard set, the vocabulary, model.init_from, the run directory, a
-resume's config changes), then printed. Nothing is written and Ray is not started."""
+"""`albert pretrain --dry-run`: the whole plan of a run, made by the run's own path with every check it makes before
+Ray starts (services.train.driver.prepare_run: a finished run, a resume's config changes, the shard set, the
+vocabulary, model.init_from, the run directory), then printed. Nothing is written and Ray is not started."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ from collections.abc import Sequence
 from albert_core.model.config import count_parameters
 from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, read_trainer_json
 from services.rundir.config import RunConfig
-from services.rundir.resume import check_resume_changes, describe_changes
-from services.train.driver import make_plan
+from services.rundir.resume import describe_changes
+from services.train.driver import prepare_run
 from services.train.plan import WorkerPlan
 
 
 def dry_run(config: RunConfig, *, resume: bool, allow_config_change: Sequence[str] = ()) -> list[str]:
     """The plan's lines; ConfigError / ValueError as the real run would refuse it."""
-    config.validate()
-    changes = check_resume_changes(config.run_dir, config, allow_config_change) if resume else {}
-    plan = make_plan(config, shards_dir=None, resume=resume, coordinator_name=None, dry_run=True)
+    prepared = prepare_run(config, resume=resume, allow_config_change=allow_config_change, dry_run=True)
+    if prepared.finished is not None:
+        return [prepared.finished_line(), "dry run: nothing was started or written"]
+    plan, changes = prepared.plan, prepared.changes
     newest = latest_good(config.run_dir / CHECKPOINTS_DIR) if resume else None
     start = read_trainer_json(newest)["state"]["step"] if newest is not None else 0
     lines = plan_lines(plan, start_step=start)
@@ -31,7 +32,7 @@ def dry_run(config: RunConfig, *, resume: bool, allow_config_change: Sequence[st
 
 def plan_lines(plan: WorkerPlan, *, start_step: int = 0) -> list[str]:
     """What the run will do: the run directory, the model, the shard set, the workers, steps, epochs, checkpoints."""
-    config = plan.run
+    config = plan.config
     o, t, e = config.optim, config.train, config.eval
     model = config.model_config(plan.token_ids.vocab_size)
     where = f"resumes from step {start_step}" if start_step else "a new run"
@@ -65,7 +66,7 @@ def plan_lines(plan: WorkerPlan, *, start_step: int = 0) -> list[str]:
 
 
 def shard_lines(plan: WorkerPlan) -> list[str]:
-    shards, d = plan.shards, plan.run.data
+    shards, d = plan.shards, plan.config.data
     lines = [f"shards: {shards.directory}, version {shards.version}, {sum(shards.rows_per_file)} examples"]
     first = 0
     for name, files in zip(shards.part_names, shards.part_files, strict=True):
@@ -92,7 +93,7 @@ def worker_lines(config: RunConfig) -> list[str]:
 
 
 def epoch_lines(plan: WorkerPlan) -> list[str]:
-    config = plan.run
+    config = plan.config
     order = plan.shards.order(plan.shards.version, config.run.seed, config.data.mixture)
     per_epoch = order.epoch_size(0)
     batch = config.train.global_batch_size

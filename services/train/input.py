@@ -46,7 +46,7 @@ class InputPlan:
     the `tail` every later epoch trains), and the worker's steps from data position `position`."""
 
     shards: ShardSet
-    run: RunConfig
+    config: RunConfig
     token_ids: TokenIds
     epochs: tuple[EpochData, ...]
     tail: EpochData | None
@@ -57,9 +57,9 @@ class InputPlan:
 
     def items(self, *, first: int = 0, every: int = 1, pin: bool = False) -> Iterator[HostStep]:
         """Steps first, first + every, ... of the plan; it ends before a step past the decided epochs."""
-        t = self.run.train
-        stream = data_stream(self.shards, self.run.run.seed, list(self.epochs), tail=self.tail)
-        reader = ShardRows(self.shards.files, self.shards.order(self.shards.version, self.run.run.seed))
+        t = self.config.train
+        stream = data_stream(self.shards, self.config.run.seed, list(self.epochs), tail=self.tail)
+        reader = ShardRows(self.shards.files, self.shards.order(self.shards.version, self.config.run.seed))
         mask_step = functools.partial(self._mask_step, micro_batch=t.micro_batch_size)
         for step in range(first, self.steps, every):
             one = host_steps(
@@ -83,7 +83,12 @@ class InputPlan:
 
     def _mask_step(self, rows, epochs, *, micro_batch: int) -> list[dict[str, torch.Tensor]]:
         return make_micro_batches(
-            rows, seed=self.run.run.seed, epoch=epochs, ids=self.token_ids, data=self.run.data, micro_batch=micro_batch
+            rows,
+            seed=self.config.run.seed,
+            epoch=epochs,
+            ids=self.token_ids,
+            data=self.config.data,
+            micro_batch=micro_batch,
         )
 
 

@@ -1,10 +1,13 @@
-"""What the driver decides before any worker starts: the vocabulary, the data plan, the PJRT runtime, and the
-frozen `WorkerPlan` every worker receives."""
+"""What the driver decides before any worker starts: the vocabulary, the data plan, the PJRT runtime, model.init_from,
+the run directory, and the frozen `WorkerPlan` every worker receives (make_plan, which services.train.driver's
+prepare_run calls)."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +20,77 @@ from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
 from albert_core.files import CorruptCheckpoint
 from albert_core.model.config import ConfigError
 from albert_core.text.tokenization import SPECIAL_PIECES, TokenIds, load_tokenizer
-from services.rundir.checkpoints import CHECKPOINTS_DIR, read_trainer_json
-from services.rundir.config import RunConfig, TrainSection
+from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints, read_trainer_json
+from services.rundir.config import RunConfig
 from services.rundir.config import config_hash as config_hash_of
+from services.rundir.sections import TrainSection
 
 log = logging.getLogger(__name__)
 
 COLUMNS = [f.name for f in EXAMPLE_SCHEMA]
+
+STOP_ENV = "ALBERT_STOP_AFTER_STEP"  # simulate a crash right after step N (tests of resume)
+# Debug, opt-in: a directory where every worker appends one line per step it starts, holding the example ids of
+# that step, to `rank<r>.jsonl` (services.train.worker.trace_step). A step redone after a failure is appended again.
+TRACE_ENV = "ALBERT_TRACE_EXAMPLES"
+
+
+def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_run: bool = False) -> WorkerPlan:
+    """The plan the workers get, with every check it needs (the backend, the shard set `data.shards`, the
+    vocabulary, model.init_from, the run directory). dry_run: nothing written (no run directory made, no unigram
+    counts stored: `albert pretrain --dry-run`)."""
+    pjrt_device = None
+    if config.train.backend == "xla":
+        if importlib.util.find_spec("torch_xla") is None:
+            raise ConfigError(
+                "train.backend: 'xla' needs torch_xla (torch-xla 2.9 with torch 2.9.0) on the driver and every worker; "
+                "scripts/xla_venv.sh builds that virtualenv, the TPU cluster recipes install it on every node"
+            )
+        pjrt_device = pjrt_device_for(config.train)
+    if not config.data.shards:
+        raise ConfigError("data.shards: empty; point it at a preprocess output directory")
+    shards_dir = Path(config.data.shards).resolve()
+    shards = plan_data(shards_dir, config)
+    ids = resolve_token_ids(shards_dir, config)
+    if config.model.mlm_bias_init == "unigram" and not dry_run:
+        unigram_for(shards_dir, config)  # counted once per shard set, then read by every worker
+    init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
+    if init_from is not None:  # the workers read it by absolute path
+        from albert_core.model.stacking import check_init_source
+
+        check_init_source(init_from, config.model_config(ids.vocab_size))
+    run_dir = prepare_run_dir(config, resume=resume, dry_run=dry_run)
+    stop_after, trace = os.environ.get(STOP_ENV), os.environ.get(TRACE_ENV)
+    if trace and not dry_run:
+        Path(trace).mkdir(parents=True, exist_ok=True)
+    return WorkerPlan(
+        config=config,
+        run_dir=str(run_dir),
+        token_ids=ids,
+        shards=shards,
+        coordinator=coordinator,
+        pjrt_device=pjrt_device,
+        init_from=str(init_from) if init_from else None,
+        init_data_position=init_data_position(init_from) if config.data.continue_from_init else None,
+        stop_after_step=int(stop_after) if stop_after else None,
+        trace_examples=str(Path(trace).resolve()) if trace else None,
+        unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
+    )
+
+
+def prepare_run_dir(config: RunConfig, *, resume: bool, dry_run: bool) -> Path:
+    """The run directory, made (unless dry_run). A new run (resume=False) refuses one that already holds checkpoints
+    rather than mixing two runs in it, and clears Ray Train's state of an earlier run there."""
+    run_dir = config.run_dir.resolve()
+    if not resume and list_checkpoints(run_dir / CHECKPOINTS_DIR):
+        raise ConfigError(
+            f"run.name: {run_dir} already holds checkpoints; resume it, or choose another run.name / run.output_dir"
+        )
+    if not dry_run:
+        if not resume:
+            shutil.rmtree(run_dir / "ray" / config.run.name, ignore_errors=True)  # Ray would restore its old state
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
@@ -285,7 +352,7 @@ def pjrt_device_for(train: TrainSection, environ: Mapping[str, str] = os.environ
 class WorkerPlan:
     """Everything a worker needs, decided on the driver (it travels to every worker as train_loop_config)."""
 
-    run: RunConfig
+    config: RunConfig  # the run's recipe, checked
     run_dir: str
     token_ids: TokenIds
     shards: ShardSet  # the shard set's newest version when the run was planned

@@ -14,10 +14,10 @@ from albert_core.examples.shards import ShardsManifest
 from services.cluster import connect, coordinator_name
 from services.rundir.config import RunConfig
 from services.rundir.report import LiveView, write_report
-from services.rundir.resume import check_resume_changes, describe_changes
+from services.rundir.resume import describe_changes
 from services.terminal import raise_on_sigterm
 from services.train.coordinator import get_or_create_coordinator
-from services.train.driver import TrainResult, make_plan, result_of, run_pretraining
+from services.train.driver import TrainResult, launch, prepare_run
 
 log = logging.getLogger(__name__)
 
@@ -32,26 +32,24 @@ def pretrain(
 ) -> TrainResult:
     """One pretraining run to optim.total_steps (resuming from its newest good checkpoint), then its report.
 
-    A resume under a recipe that changes fields other than those safe to change (services.rundir.resume) is refused
-    before Ray starts unless `allow_config_change` names them; the changes it makes are printed."""
-    config.validate()
-    if resume and (done := result_of(config)).finished:  # before Ray starts: nothing to train
-        print(
-            f"run {config.run.name} already finished at step {done.step} ({done.checkpoint}); nothing to train. "
-            "To train on, raise optim.total_steps; for a new run, choose another run.name"
-        )
-        return done
-    changes = check_resume_changes(config.run_dir, config, allow_config_change) if resume else {}
-    for line in describe_changes(changes):
+    Everything services.train.driver.prepare_run checks is checked before Ray starts: a resume under a recipe that
+    changes fields other than those safe to change (services.rundir.resume) is refused unless `allow_config_change`
+    names them; the changes it makes are printed."""
+    prepared = prepare_run(
+        config, resume=resume, allow_config_change=allow_config_change, coordinator=coordinator_name(config.run.name)
+    )
+    if prepared.finished is not None:  # nothing to train: Ray is not started
+        print(prepared.finished_line())
+        return prepared.finished
+    for line in describe_changes(prepared.changes):
         print(f"albert: resuming {config.run.name} with a changed config: {line}", file=sys.stderr)
-    plan = make_plan(config, shards_dir=None, resume=resume, coordinator_name=coordinator_name(config.run.name))
     connect(address)  # every check above ran before Ray started
     raise_on_sigterm()  # ray.init put Ray's handler in its place (fit keeps SIGTERM a graceful stop meanwhile)
     run_dir = config.run_dir.resolve()
     keep_tokenizer_with_run(Path(config.data.shards), run_dir)
     coordinator = get_or_create_coordinator(run_dir, config.run.name, config.to_dict())
     with LiveView(run_dir, config.optim.total_steps, progress=progress):
-        result = run_pretraining(config, plan=plan)
+        result = launch(prepared.plan)
         if result.interrupted:  # Ctrl-C: its evaluations stay pending, the resumed run's coordinator runs them
             return result
         counts = ray.get(coordinator.wait_for_evals.remote(timeout=1800))

@@ -28,7 +28,7 @@ from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.text.tokenization import TokenIds
 
 if TYPE_CHECKING:  # plain dataclasses of the run config; read by attribute only
-    from services.rundir.config import DataSection, OptimSection
+    from services.rundir.sections import DataSection, OptimSection
 
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over the workers in place (an all-reduce)
 

@@ -50,18 +50,13 @@ from services.train.follow import (
 )
 from services.train.input import InputPlan, open_input
 from services.train.interrupt import stop_gracefully_on_sigterm
-from services.train.plan import ShardSet, WorkerPlan, config_hash
+from services.train.plan import STOP_ENV, ShardSet, WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
 from services.train.state import TrainerState
 from services.train.step import StepStats, initial_model, optimizer_for, step_seed
 
 log = logging.getLogger(__name__)
 RECENT_LOSSES = 20
-
-STOP_ENV = "ALBERT_STOP_AFTER_STEP"  # simulate a crash right after step N (tests of resume)
-# Debug, opt-in: a directory where every worker appends one line per step it starts, holding the example ids of
-# that step, to `rank<r>.jsonl` (see `trace_step`). A step redone after a failure is appended again.
-TRACE_ENV = "ALBERT_TRACE_EXAMPLES"
 
 
 class SimulatedCrash(RuntimeError):
@@ -86,7 +81,7 @@ class Worker:
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train entry point; `loop_config["plan"]` is the WorkerPlan run_pretraining made."""
+    """Ray Train entry point; `loop_config["plan"]` is the WorkerPlan prepare_run made (services.train.driver)."""
     worker = start_worker(loop_config["plan"])
     model, optimizer, scheduler = build(worker)
     state = resume(worker, model, optimizer, scheduler)
@@ -108,16 +103,16 @@ def train_steps(worker: Worker, model, optimizer, scheduler, state: TrainerState
             for rows, micro in steps:
                 step = state.step + 1
                 before_step(worker, model, state, step, rows)
-                seed = step_seed(worker.plan.run.run.seed, worker.rank, step)
-                grad_clip = worker.plan.run.optim.grad_clip
+                seed = step_seed(worker.plan.config.run.seed, worker.rank, step)
+                grad_clip = worker.plan.config.optim.grad_clip
                 stats = worker.backend.train_step(model, optimizer, scheduler, micro, grad_clip=grad_clip, seed=seed)
                 advance(worker, state, stats)
                 stop = after_step(worker, model, optimizer, scheduler, state, stats, clock)
                 if stop is not None:
                     return stop if isinstance(stop, Finding) else None
-        if not worker.plan.run.data.follow or state.step >= worker.plan.run.optim.total_steps:
+        if not worker.plan.config.data.follow or state.step >= worker.plan.config.optim.total_steps:
             return None
-        if Clock.spent(worker.plan.run.train, state):
+        if Clock.spent(worker.plan.config.train, state):
             return None
         follow_shard_set(worker, state)
 
@@ -129,7 +124,7 @@ def start_worker(plan: WorkerPlan) -> Worker:
     import ray.train
     import torch.distributed as dist
 
-    t = plan.run.train
+    t = plan.config.train
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     if world not in t.worker_counts:
@@ -144,32 +139,32 @@ def start_worker(plan: WorkerPlan) -> Worker:
 
 
 def build(worker: Worker):
-    run = worker.plan.run
+    config = worker.plan.config
     vocab = worker.plan.token_ids.vocab_size
     unigram = None
     if worker.plan.unigram_dir:  # the driver stored the shard set's counts (train.plan.unigram_for)
         unigram = UnigramBaseline.load_file(stored_file(worker.plan.unigram_dir), vocab)
-    model = initial_model(run.model_config(vocab), run.run.seed, unigram)  # the same on every worker
+    model = initial_model(config.model_config(vocab), config.run.seed, unigram)  # the same on every worker
     worker.backend.place(model)  # before the optimizer (XLA needs it)
-    optimizer, scheduler = optimizer_for(model, run.optim)
+    optimizer, scheduler = optimizer_for(model, config.optim)
     return model, optimizer, scheduler
 
 
 def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
     """Rank 0 picks the checkpoint to resume from; everyone loads the same one. Otherwise a new run starts from
     random weights, or from model.init_from's layers (and, with data.continue_from_init, its data position)."""
-    plan, t = worker.plan, worker.plan.run.train
+    plan, t = worker.plan, worker.plan.config.train
     found = worker.record.latest_good_checkpoint() if worker.record is not None else None
     choice = _from_rank0([found], worker)[0]
     state = TrainerState(
         dropout=model.config.hidden_dropout_prob,
-        config_hash=config_hash(plan.run),
+        config_hash=config_hash(plan.config),
         world_size=worker.world,
         micro_batch_size=t.micro_batch_size,
     )
     if choice:
         state = worker.backend.load(choice, model, optimizer, scheduler)
-        trains_on = state.step < plan.run.optim.total_steps and not Clock.spent(t, state)
+        trains_on = state.step < plan.config.optim.total_steps and not Clock.spent(t, state)
         if worker.record is not None and trains_on:
             worker.record.event(
                 state.step, "resumed", checkpoint=choice, workers=worker.world, written_by_workers=state.world_size
@@ -179,7 +174,7 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
                  f"{state.micro_batch_size}, resumed by {worker.world} x {t.micro_batch_size}; the data position "
                  "carries over")  # fmt: skip
             state.world_size, state.micro_batch_size = worker.world, t.micro_batch_size
-        if state.config_hash != config_hash(plan.run):
+        if state.config_hash != config_hash(plan.config):
             warn(worker, state.step, f"{choice}: written under a different run config; continuing with the new one "
                  "(the changed fields: the run's config_changed event)")  # fmt: skip
         log.info("rank %d resumes from %s at step %d (epoch %d)", worker.rank, choice, state.step, state.epoch)
@@ -218,18 +213,18 @@ def start_versions(worker: Worker, state: TrainerState) -> None:
     """What each epoch so far trains on: the checkpoint's record, or, for a new run, the newest version (and the
     configured mixture) for epoch 0; epochs up to the data position that a checkpoint did not record (one written
     before every epoch was, by a run that did not follow) trained its last recorded version."""
-    shards, run = worker.shards, worker.plan.run
+    shards, config = worker.shards, worker.plan.config
     if not state.epoch_versions:
         state.epoch_versions = [1 if state.step > 0 else shards.version]  # a checkpoint from before parts: one part
     unrecorded = len(state.epoch_versions) - len(state.epoch_mixtures)
-    state.epoch_mixtures += [dict(run.data.mixture)] * unrecorded  # a checkpoint from before mixtures were recorded
+    state.epoch_mixtures += [dict(config.data.mixture)] * unrecorded  # a checkpoint from before mixtures were recorded
     if max(state.epoch_versions) > shards.version:
         raise RuntimeError(
             f"data.shards: {shards.directory} has {shards.version} parts, but the checkpoint trained on version "
             f"{max(state.epoch_versions)}; its appended parts are gone"
         )
     epochs = recorded_epochs(state)
-    record_trained_epochs(state, data_stream(shards, run.run.seed, epochs, tail=epochs[-1]))
+    record_trained_epochs(state, data_stream(shards, config.run.seed, epochs, tail=epochs[-1]))
     worker.stream = decided_stream(worker, state)
     state.epoch = worker.stream.epoch_of(state.examples_seen)
 
@@ -238,16 +233,16 @@ def decided_epochs(worker: Worker, state: TrainerState) -> tuple[list[EpochData]
     """The run's decided epochs: the recorded ones, then (the tail), for a run that does not follow its shard set,
     its last recorded version under the mixture it is configured with now (a run that follows decides each epoch at
     its boundary)."""
-    run = worker.plan.run
+    config = worker.plan.config
     epochs = recorded_epochs(state)
-    tail = None if run.data.follow else EpochData.of(epochs[-1].version, run.data.mixture)
+    tail = None if config.data.follow else EpochData.of(epochs[-1].version, config.data.mixture)
     return epochs, tail
 
 
 def decided_stream(worker: Worker, state: TrainerState) -> DataStream:
     """The example order of the run's decided epochs (decided_epochs)."""
     epochs, tail = decided_epochs(worker, state)
-    return data_stream(worker.shards, worker.plan.run.run.seed, epochs, tail=tail)
+    return data_stream(worker.shards, worker.plan.config.run.seed, epochs, tail=tail)
 
 
 def follow_shard_set(worker: Worker, state: TrainerState) -> None:
@@ -261,30 +256,30 @@ def follow_shard_set(worker: Worker, state: TrainerState) -> None:
         worker.record.event(state.step, "shards_version", epoch=epoch, version=newest.version, new_parts=new_parts)
         log.info("epoch %d trains on version %d of the shard set (new parts: %s)", epoch, newest.version, new_parts)
     worker.shards = newest
-    record_epoch(state, EpochData.of(newest.version, worker.plan.run.data.mixture))
+    record_epoch(state, EpochData.of(newest.version, worker.plan.config.data.mixture))
 
 
 @contextlib.contextmanager
 def input_steps(worker: Worker, state: TrainerState) -> Iterator[Iterator]:
     """This worker's (rows, micro-batches) for every step left in the decided epochs, read and masked ahead of the
     loop: by a thread, or by train.input_workers processes (services.train.input)."""
-    run = worker.plan.run
+    config = worker.plan.config
     epochs, tail = decided_epochs(worker, state)
     worker.stream = decided_stream(worker, state)
     plan = InputPlan(
         worker.shards,
-        run,
+        config,
         worker.plan.token_ids,
         tuple(epochs),
         tail,
         position=state.examples_seen,
-        steps=max(0, run.optim.total_steps - state.step),
+        steps=max(0, config.optim.total_steps - state.step),
         rank=worker.rank,
         world=worker.world,
     )
-    with open_input(plan, workers=run.train.input_workers, pin=run.train.backend == "cuda") as ahead:
+    with open_input(plan, workers=config.train.input_workers, pin=config.train.backend == "cuda") as ahead:
         with worker.backend.step_batches(ahead) as steps:
-            yield steps if not Clock.spent(run.train, state) else iter(())
+            yield steps if not Clock.spent(config.train, state) else iter(())
 
 
 # --- each step -----------------------------------------------------------------------------------------------
@@ -294,7 +289,7 @@ def before_step(worker: Worker, model, state: TrainerState, step: int, rows) -> 
     if worker.plan.trace_examples:  # before the step: a worker killed inside it leaves the line, and redoes it
         trace_step(Path(worker.plan.trace_examples) / f"rank{worker.rank}.jsonl", step=step, epoch=state.epoch,
                    rank=worker.rank, rows=rows)  # fmt: skip
-    removal = worker.plan.run.train.dropout_removal_step
+    removal = worker.plan.config.train.dropout_removal_step
     if removal and step >= removal and state.dropout != 0.0:
         model.set_dropout(0.0)
         state.dropout = 0.0
@@ -302,7 +297,7 @@ def before_step(worker: Worker, model, state: TrainerState, step: int, rows) -> 
 
 def advance(worker: Worker, state: TrainerState, stats: StepStats) -> None:
     state.step += 1
-    state.examples_seen += worker.plan.run.train.global_batch_size
+    state.examples_seen += worker.plan.config.train.global_batch_size
     record_trained_epochs(state, worker.stream)
     state.epoch = worker.stream.epoch_of(state.examples_seen)
     worker.window.append(stats.tokens)
@@ -319,7 +314,7 @@ class Clock:
     def __init__(self, worker: Worker, state: TrainerState):
         self.worker = worker
         self.started, self.before = time.perf_counter(), state.train_seconds
-        self.decides = bool(worker.plan.run.train.max_seconds) or worker.plan.coordinator is not None
+        self.decides = bool(worker.plan.config.train.max_seconds) or worker.plan.coordinator is not None
 
     @staticmethod
     def spent(train, state: TrainerState) -> bool:
@@ -333,7 +328,7 @@ class Clock:
             return None
         reason = 0  # 1: the budget is spent; else the number of the signal that asked for a stop
         if self.worker.record is not None:  # rank 0
-            if self.spent(self.worker.plan.run.train, state):
+            if self.spent(self.worker.plan.config.train, state):
                 reason = 1
             elif asked := self.worker.record.stop_requested():
                 reason = int(getattr(signal.Signals, asked, signal.SIGINT))
@@ -345,10 +340,10 @@ class Clock:
 
 def follow_clock(worker: Worker, scheduler, state: TrainerState) -> None:
     """optim.clock = "time": move the schedule to the share of the budget spent, for the next step."""
-    o = worker.plan.run.optim
+    o = worker.plan.config.optim
     if o.clock == "time":
         set_schedule_position(
-            scheduler, time_position(o.total_steps, state.train_seconds, worker.plan.run.train.max_seconds)
+            scheduler, time_position(o.total_steps, state.train_seconds, worker.plan.config.train.max_seconds)
         )
 
 
@@ -357,11 +352,11 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
     the step diverged (nothing of it is saved), else None."""
     import ray.train
 
-    t, step = worker.plan.run.train, state.step
+    t, step = worker.plan.config.train, state.step
     ends = clock.tick(state)
     follow_clock(worker, scheduler, state)
     notice = preemption_notice(worker, step)
-    is_last = step == worker.plan.run.optim.total_steps or ends == "budget"
+    is_last = step == worker.plan.config.optim.total_steps or ends == "budget"
     save = step % t.checkpoint_every == 0 or is_last or ends is not None or notice is not None
     if step % t.log_every == 0 or save:
         metrics = _metrics(worker, stats, state)
@@ -399,7 +394,7 @@ def preemption_notice(worker: Worker, step: int) -> dict[str, Any] | None:
     rank 0's view). While a notice stands: {"nodes", "ranks", "deadline" (UNIX seconds or None), "new" (names a
     node not noticed before)}, the same on every worker, and the step is saved, so that the restart after the node
     goes redoes at most preemption_check_every steps; else None."""
-    every = worker.plan.run.train.preemption_check_every
+    every = worker.plan.config.train.preemption_check_every
     if not every or step % every:
         return None
     import ray.train
@@ -417,7 +412,7 @@ def roll_back(worker: Worker, model, optimizer, scheduler, state: TrainerState, 
     """train.on_divergence: "rollback" reloads the last good checkpoint and scales the learning rate down; "stop"
     (or no checkpoint, or rollbacks used up) ends the run. Either way the run's record gets a divergence event.
     Returns the state to continue from, or None."""
-    t = worker.plan.run.train
+    t = worker.plan.config.train
     path = worker.record.latest_good_checkpoint() if worker.record is not None else None
     path = _from_rank0([path], worker)[0]
     if t.on_divergence != "rollback" or path is None or state.rollbacks >= t.max_rollbacks:
@@ -456,7 +451,7 @@ def _metrics(worker: Worker, stats: StepStats, state: TrainerState) -> dict[str,
         "pair_acc": stats.pair_acc,
         "grad_norm": stats.grad_norm,
     }
-    first_example = state.examples_seen - worker.plan.run.train.global_batch_size
+    first_example = state.examples_seen - worker.plan.config.train.global_batch_size
     metrics: dict[str, Any] = {"step": state.step, "epoch": worker.stream.epoch_of(first_example)}
     metrics.update({k: float(v) for k, v in values.items()})
     now = time.perf_counter()

@@ -31,11 +31,11 @@ from albert_core.examples.shards import EXAMPLE_SCHEMA, example_id  # noqa: E402
 from albert_core.model.checkpoint import load_model  # noqa: E402
 from albert_core.model.config import ConfigError  # noqa: E402
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
-from services.rundir.config import RunConfig, TrainSection  # noqa: E402
+from services.rundir.config import RunConfig  # noqa: E402
 from services.rundir.log import read_metrics as read_log  # noqa: E402
-from services.train.driver import run_pretraining
-from services.train.plan import pjrt_device_for
-from services.train.worker import STOP_ENV, TRACE_ENV
+from services.rundir.sections import TrainSection  # noqa: E402
+from services.train.plan import STOP_ENV, TRACE_ENV, pjrt_device_for  # noqa: E402
+from tests.runs import run_training  # noqa: E402
 
 
 def read_metrics(path) -> list[dict]:
@@ -131,7 +131,7 @@ def shards(tmp_path_factory):
 def cpu_and_xla(ray_cluster, shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("parity")
     return {
-        backend: run_pretraining(run_config(out, shards, backend, backend=backend), resume=False)
+        backend: run_training(run_config(out, shards, backend, backend=backend), resume=False)
         for backend in ("cpu", "xla")
     }
 
@@ -146,7 +146,7 @@ def two_workers_cpu_and_xla(ray_cluster, shards, tmp_path_factory):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(TRACE_ENV, str(trace))
             config = run_config(out, shards, f"two-{backend}", backend=backend, workers=2, steps=4)
-            runs[backend] = (run_pretraining(config, resume=False), trace)
+            runs[backend] = (run_training(config, resume=False), trace)
     return runs
 
 
@@ -161,9 +161,9 @@ def xla_crashed_then_resumed(ray_cluster, shards, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(STOP_ENV, "5")
         with pytest.raises(Exception, match=STOP_ENV):
-            run_pretraining(config, resume=False)
+            run_training(config, resume=False)
     crashed = read_metrics(config.run_dir / "metrics.jsonl")
-    resumed = run_pretraining(config, resume=True)
+    resumed = run_training(config, resume=True)
     return crashed, resumed
 
 
