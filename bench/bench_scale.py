@@ -48,6 +48,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from albert_core.examples.shards import MANIFEST_FILE  # noqa: E402
 from albert_core.text.tokenization import MODEL_FILE, TokenizerTrainConfig  # noqa: E402
+from services.cluster import connect  # noqa: E402
 from services.data.sample import DEFAULT_CACHE, assemble_sample_corpus  # noqa: E402
 from services.data.synthetic import (  # noqa: E402
     distinct_documents,
@@ -274,7 +275,7 @@ def main() -> None:
     inputs = sample_inputs()
     tokenizer = demo_tokenizer(inputs)
     shapes = build_shapes(args.cache, inputs, int(args.size_gb * 1e9))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    connect(num_cpus=2, worker_logs=False)
     work = args.cache / "out"
     runs = [measure("sample corpus", inputs, tokenizer, work / "sample", 2)]
     for name, path in shapes.items():

@@ -1,8 +1,9 @@
 """Soak test (`make soak`): a tiny pretraining run on a simulated multi-node Ray cluster under a randomized schedule
 of real faults, checked against an uninterrupted run of the same seed.
 
-The cluster (`ray.cluster_utils.Cluster`) is a head node and two worker nodes of 1 CPU each; training runs 2 workers
-of 1 CPU with its coordinator (evaluations every `--eval-every` steps). Faults, drawn at random steps:
+The cluster (tests/ray_clusters.py: `ray.cluster_utils.Cluster`, every node on 127.0.0.1) is a head node and two
+worker nodes of 1 CPU each; training runs 2 workers of 1 CPU with its coordinator (evaluations every `--eval-every`
+steps). Faults, drawn at random steps:
 
 - worker_kill: SIGKILL of a training worker process (Ray Train restarts the group from the last checkpoint);
 - node_loss: a worker node hosting a training worker is removed, and a fresh node joins in its place;
@@ -33,18 +34,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import torch
-from safetensors.torch import load_file
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests/: the loopback cluster, the step callbacks, the random shards
 
-from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
-from services.cluster import coordinator_name
-from services.rundir.config import RunConfig
-from services.train.coordinator import get_or_create_coordinator
-from services.train.driver import run_pretraining
-from services.train.worker import TRACE_ENV
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards  # noqa: E402
+from services.cluster import coordinator_name  # noqa: E402
+from services.rundir.config import RunConfig  # noqa: E402
+from services.train.coordinator import get_or_create_coordinator  # noqa: E402
+from services.train.driver import run_pretraining  # noqa: E402
+from services.train.worker import TRACE_ENV  # noqa: E402
+from tests.ray_clusters import add_loopback_node, loopback_cluster  # noqa: E402
 
 VOCAB, SEQ = 96, 32
 ROWS_PER_FILE = (80, 80, 80, 84)  # 2 workers x 8 rows a step: 20 steps an epoch
@@ -172,7 +177,7 @@ class FaultSchedule:
         node = next(n for n in sorted(self.cluster.worker_nodes, key=lambda n: n.node_id) if n.node_id in on)
         started = time.time()
         self.cluster.remove_node(node)
-        self.cluster.add_node(num_cpus=1)  # the replacement an autoscaler would bring
+        add_loopback_node(self.cluster)  # the replacement an autoscaler would bring
         return {"time": started, "detail": f"node {node.node_id[:8]}"}
 
     def coordinator_kill(self, live) -> dict[str, Any]:
@@ -236,20 +241,14 @@ def main() -> int:
     args = parser.parse_args()
 
     import ray
-    from ray.cluster_utils import Cluster
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a loopback-only cluster on this machine
     rng = random.Random(args.seed)
     schedule, total_steps = draw_schedule(rng, args.faults)
     work = args.work or Path(tempfile.mkdtemp(prefix="albert-soak-"))
     print(f"soak: seed {args.seed}, {total_steps} steps, {args.faults} faults, work dir {work}", flush=True)
     shards = write_shards(work / "shards")
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    ray._common.utils.reset_ray_address()  # other processes' ray.init() must not join this cluster
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=False)
+    cluster = loopback_cluster(2)
     try:
         reference_config = soak_config(work, shards, "reference", total_steps, args.eval_every)
         reference, reference_s = traced_run(reference_config, work / "trace-reference", resume=False)

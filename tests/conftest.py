@@ -1,4 +1,5 @@
-"""Shared fixtures. `ray_local`: one local Ray instance for the whole test session, shared by every Ray test."""
+"""Shared fixtures. `ray_local`: one local Ray instance for the whole test session, shared by every Ray test, started
+as every albert command starts it (services.cluster.connect: albert's namespace, on 127.0.0.1 only)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ collect_ignore = ["xla"]
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A local Ray (2 CPUs, no dashboard), started once per session and shut down at its end."""
+    """A local Ray (2 CPUs, no dashboard, on loopback only), started once per session and shut down at its end."""
     import ray
+
+    from services.cluster import connect
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only test cluster
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False)
+        connect(num_cpus=2)
     yield ray
     if started:
         ray.shutdown()

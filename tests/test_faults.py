@@ -53,7 +53,7 @@ from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
-from services.cluster import coordinator_name
+from services.cluster import connect, coordinator_name
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.pipeline import run_preprocess
@@ -64,6 +64,7 @@ from services.train.coordinator import get_or_create_coordinator
 from services.train.driver import run_pretraining
 from services.train.state import TrainerState, save_train_state
 from services.train.worker import TRACE_ENV
+from tests.ray_clusters import add_loopback_node, descendants, listening_addresses, loopback_cluster, on_loopback
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
 
 pytestmark = [pytest.mark.ray]
@@ -98,27 +99,28 @@ class FaultCluster:
 @pytest.fixture(scope="module")
 def cluster():
     import ray
-    from ray.cluster_utils import Cluster
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only test cluster, as conftest's
     restore_local = ray.is_initialized()
     if restore_local:
         ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    # Cluster records its address as "the current cluster", which a plain ray.init() elsewhere on this machine
-    # would join; this driver connects by address, so the record goes.
-    ray._common.utils.reset_ray_address()
-    for _ in range(2):
-        c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
+    c = loopback_cluster(2)
     try:
         yield FaultCluster(c, random.Random(SEED))
     finally:
         ray.shutdown()
         c.shutdown()
         if restore_local:
-            ray.init(num_cpus=2, include_dashboard=False)  # tests/conftest.py's ray_local
+            connect(num_cpus=2)  # tests/conftest.py's ray_local
+
+
+def test_every_node_of_the_cluster_is_on_loopback_and_listens_nowhere_else(cluster):
+    import ray
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert len(nodes) == 3 and {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
+    listening = listening_addresses(descendants(os.getpid()))  # the nodes' processes are this process's children
+    assert len({pid for pid in listening.values()}) >= 3, "the reader sees the nodes' servers"
+    assert sorted(address for address in listening if not on_loopback(address[0])) == []
 
 
 def live_actors(class_name: str, *, starting: bool = False) -> list[dict[str, Any]]:
@@ -343,7 +345,7 @@ def node_removed(cluster, shards, tmp_path_factory):
     try:
         result, trace, injected = train_traced(config, root / "trace", [fault], resume=False)
     finally:
-        cluster.cluster.add_node(num_cpus=1)
+        add_loopback_node(cluster.cluster)
         cluster.cluster.wait_for_nodes()
     return result, trace, injected
 

@@ -21,6 +21,7 @@ from albert_core.model.config import ConfigError
 from services.rundir.config import RunConfig
 from services.rundir.log import read_metrics
 from services.train.worker import STOP_ENV
+from tests.ray_clusters import add_loopback_node
 from tests.test_faults import Fault, cluster, read_trace, shards, train_traced  # noqa: F401
 from tests.test_train import run_config
 
@@ -206,7 +207,7 @@ def elastic(cluster, shards, tmp_path_factory):  # noqa: F811
         result, trace, injected = train_traced(config, root / "trace", faults, resume=False)
     finally:
         if len(cluster.cluster.worker_nodes) < 2:
-            cluster.cluster.add_node(num_cpus=1)
+            add_loopback_node(cluster.cluster)
         cluster.cluster.wait_for_nodes()
     timeline.append({"seconds": time.monotonic() - started})
     return result, trace, injected, timeline

@@ -22,6 +22,7 @@ from services.preprocess.layout import PROGRESS_DIR, Layout
 from services.rundir.log import read_metrics
 from services.train.driver import run_pretraining
 from services.train.worker import TRACE_ENV
+from tests.ray_clusters import add_loopback_node
 from tests.test_faults import FIXTURE, cluster, read_trace, shards, wait_for, write_corpus  # noqa: F401 (fixtures)
 from tests.test_resize import CLUSTER_SOAK_ENV
 from tests.test_train import run_config
@@ -113,7 +114,7 @@ def test_a_drained_node_gets_a_checkpoint_at_the_notice_step_and_the_restart_res
             result = run_pretraining(config, resume=False)
         finally:
             injector.join(timeout=120)
-            cluster.cluster.add_node(num_cpus=1)
+            add_loopback_node(cluster.cluster)
             cluster.cluster.wait_for_nodes()
     run_dir = config.run_dir
     notices, resumed = events(run_dir, "preemption_notice"), events(run_dir, "resumed")

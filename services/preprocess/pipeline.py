@@ -50,13 +50,13 @@ from albert_core.files import file_sha256
 from albert_core.text.corpus import CorpusError, Skip
 from albert_core.text.regions import STREAM_EXPANSION, stream_chunks
 from albert_core.text.tokenization import Tokenizer
+from services.cluster import connect
 from services.preprocess.checks import check_examples
 from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig, StreamInput, Unit
 from services.preprocess.layout import Layout
 from services.preprocess.manifest import commit_part, manifest_head, part_entry
 from services.preprocess.plan import Plan, PreprocessJob, list_input_files, plan_preprocess, plan_units
 from services.preprocess.unit import StreamData, UnitTransform, completed_summary, write_unit
-from services.terminal import start_ray
 
 # ----------------------------------------------------------------------------------------------------------
 # Ray Data glue
@@ -123,8 +123,7 @@ def _workers(config: PreprocessConfig) -> int:
 
     if config.num_cpus is not None:
         return config.num_cpus
-    if not ray.is_initialized():
-        start_ray()
+    connect()
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 

@@ -30,6 +30,7 @@ from safetensors.torch import load_file  # noqa: E402
 from albert_core.examples.shards import EXAMPLE_SCHEMA, example_id  # noqa: E402
 from albert_core.model.checkpoint import load_model  # noqa: E402
 from albert_core.model.config import ConfigError  # noqa: E402
+from services.cluster import connect  # noqa: E402
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
 from services.rundir.config import RunConfig, TrainSection  # noqa: E402
 from services.rundir.log import read_metrics as read_log  # noqa: E402
@@ -116,7 +117,7 @@ def ray_cluster():
     assert os.environ.get("PJRT_DEVICE") == "CPU"  # tests/xla/conftest.py: the driver asks for PJRT CPU
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False)
+        connect(num_cpus=2)  # as tests/conftest.py's ray_local
     yield ray
     if started:
         ray.shutdown()
