@@ -46,10 +46,11 @@ from safetensors.torch import load_file  # noqa: E402
 from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards  # noqa: E402
 from services.cluster import coordinator_name  # noqa: E402
 from services.rundir.config import RunConfig  # noqa: E402
+from services.train.callbacks import installed  # noqa: E402
 from services.train.coordinator import get_or_create_coordinator  # noqa: E402
 from services.train.driver import run_pretraining  # noqa: E402
-from services.train.worker import TRACE_ENV  # noqa: E402
 from tests.ray_clusters import add_loopback_node, loopback_cluster  # noqa: E402
+from tests.worker_callbacks import TraceExamples, read_trace  # noqa: E402
 
 VOCAB, SEQ = 96, 32
 ROWS_PER_FILE = (80, 80, 80, 84)  # 2 workers x 8 rows a step: 20 steps an epoch
@@ -101,13 +102,6 @@ def soak_config(work: Path, shards: Path, name: str, total_steps: int, eval_ever
 
 # --------------------------------------------------------------------------------------------------
 # the trace and the faults
-
-
-def read_trace(directory: Path) -> list[dict[str, Any]]:
-    lines = []
-    for path in sorted(directory.glob("rank*.jsonl")):
-        lines += [json.loads(line) for line in path.read_text().split("\n")[:-1]]
-    return sorted(lines, key=lambda r: r["time"])
 
 
 def live_actors(class_name: str, states: tuple[str, ...] = ("ALIVE",)) -> list[dict[str, Any]]:
@@ -211,13 +205,10 @@ class FaultSchedule:
 
 
 def traced_run(config: RunConfig, trace_dir: Path, **kwargs):
-    os.environ[TRACE_ENV] = str(trace_dir)
-    try:
+    with installed(TraceExamples(trace_dir)):
         started = time.monotonic()
         result = run_pretraining(config, **kwargs)
         return result, time.monotonic() - started
-    finally:
-        del os.environ[TRACE_ENV]
 
 
 def consumed(trace: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:

@@ -5,7 +5,7 @@ object stores. Training runs 2 workers of 1 CPU, so one CPU is spare: it hosts e
 node goes. The faults are real:
 
 - SIGKILL of a training worker process, at a random step (its pid comes from the example trace,
-  `ALBERT_TRACE_EXAMPLES`), three times in one run: Ray Train restarts the worker group (`train.max_failures`);
+  tests/worker_callbacks.py), three times in one run: Ray Train restarts the worker group (`train.max_failures`);
 - removal of a worker node that hosts a training worker (its raylet and every process on it are killed);
 - SIGKILL of the run's coordinator actor and of an evaluator actor (pids from the GCS actor table);
 - SIGKILL of an `albert preprocess` job after its first shard is committed;
@@ -60,12 +60,13 @@ from services.preprocess.pipeline import run_preprocess
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
 from services.rundir.ledger import read_status
 from services.rundir.log import read_metrics
+from services.train.callbacks import installed
 from services.train.coordinator import get_or_create_coordinator
 from services.train.driver import run_pretraining
 from services.train.state import TrainerState, save_train_state
-from services.train.worker import TRACE_ENV
 from tests.ray_clusters import add_loopback_node, descendants, listening_addresses, loopback_cluster, on_loopback
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
+from tests.worker_callbacks import TraceExamples, read_trace
 
 pytestmark = [pytest.mark.ray]
 
@@ -188,14 +189,6 @@ def faults_config(root: Path, shards: Path, name: str, **eval_section):
     return config
 
 
-def read_trace(directory: Path) -> list[dict[str, Any]]:
-    """Every whole line the workers appended (a line being written has no newline yet)."""
-    lines = []
-    for path in sorted(directory.glob("rank*.jsonl")):
-        lines += [json.loads(line) for line in path.read_text().split("\n")[:-1]]
-    return sorted(lines, key=lambda r: r["time"])
-
-
 def consumed(trace: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:
     """(rank, step) -> example ids of the attempt that counts: the last one (a redone step is traced again)."""
     return {(r["rank"], r["step"]): r["example_ids"] for r in trace}
@@ -296,10 +289,8 @@ def kill_a_worker(rng: random.Random) -> Action:
 
 def train_traced(config, trace_dir: Path, faults: list[Fault] = (), **kwargs):
     """run_pretraining with the example trace on, injecting `faults`; returns (result, trace, injected)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(TRACE_ENV, str(trace_dir))
-        with Injector(trace_dir, list(faults)) as injector:
-            result = run_pretraining(config, **kwargs)
+    with installed(TraceExamples(trace_dir)), Injector(trace_dir, list(faults)) as injector:
+        result = run_pretraining(config, **kwargs)
     if injector.error is not None:
         raise injector.error
     return result, read_trace(trace_dir), injector.injected

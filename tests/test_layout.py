@@ -165,6 +165,22 @@ def test_one_module_of_services_starts_ray():
     assert callers == {"services/cluster.py"}
 
 
+# The names of the test hooks that production modules held: fault injection and example tracing are step callbacks
+# the tests install (tests/worker_callbacks.py).
+TEST_HOOKS = ("ALBERT_STOP_AFTER_STEP", "ALBERT_TRACE_EXAMPLES", "STOP_ENV", "TRACE_ENV", "SimulatedCrash")
+
+
+def test_no_test_hook_in_services_or_albert_core():
+    found = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for name in TEST_HOOKS
+        if name in path.read_text()
+    ]
+    assert found == []
+
+
 def test_services_has_at_most_five_top_level_modules_beside_its_stage_folders():
     top = sorted(p.name for p in (ROOT / "services").glob("*.py"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top

@@ -20,12 +20,13 @@ from albert_core.files import HeldLock
 from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.preprocess.layout import PROGRESS_DIR, Layout
 from services.rundir.log import read_metrics
+from services.train.callbacks import installed
 from services.train.driver import run_pretraining
-from services.train.worker import TRACE_ENV
 from tests.ray_clusters import add_loopback_node
-from tests.test_faults import FIXTURE, cluster, read_trace, shards, wait_for, write_corpus  # noqa: F401 (fixtures)
+from tests.test_faults import FIXTURE, cluster, shards, wait_for, write_corpus  # noqa: F401 (fixtures)
 from tests.test_resize import CLUSTER_SOAK_ENV
 from tests.test_train import run_config
+from tests.worker_callbacks import TraceExamples, read_trace
 
 ALBERT = str(Path(sys.executable).with_name("albert"))
 
@@ -107,8 +108,7 @@ def test_a_drained_node_gets_a_checkpoint_at_the_notice_step_and_the_restart_res
         seen["removed_at_step"] = max(r["step"] for r in read_trace(trace))
 
     injector = threading.Thread(target=preempt, daemon=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(TRACE_ENV, str(trace))
+    with installed(TraceExamples(trace)):
         injector.start()
         try:
             result = run_pretraining(config, resume=False)

@@ -21,10 +21,11 @@ from albert_core.text.tokenization import TokenIds, Tokenizer, TokenizerTrainCon
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
 from services.rundir.config import RunConfig
 from services.rundir.log import read_metrics
+from services.train.callbacks import installed
 from services.train.driver import run_pretraining
 from services.train.plan import plan_data, resolve_token_ids
 from services.train.step import accumulate_gradients, make_micro_batch, train_step
-from services.train.worker import STOP_ENV
+from tests.worker_callbacks import CrashAfterStep, crash_message
 
 VOCAB = 96
 SEQ = 32
@@ -355,10 +356,8 @@ def crashed_then_resumed(ray_local, shards, tmp_path_factory):
     removes dropout at step 6, so every part of the data position and the dropout state is exercised.
     """
     config = run_config(tmp_path_factory.mktemp("b"), shards, "crashy")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(STOP_ENV, "5")
-        with pytest.raises(Exception, match=STOP_ENV):
-            run_pretraining(config, resume=False)
+    with installed(CrashAfterStep(5)), pytest.raises(Exception, match=crash_message(5)):
+        run_pretraining(config, resume=False)
     before = train_lines(config.run_dir / "metrics.jsonl")
     latest_before = latest_good(config.run_dir / "checkpoints")
     result = run_pretraining(config, resume=True)

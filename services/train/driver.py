@@ -14,6 +14,7 @@ from albert_core.model.config import ConfigError
 from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, list_checkpoints, read_trainer_json
 from services.rundir.config import RunConfig
 from services.rundir.log import METRICS_FILE, read_metrics
+from services.train.callbacks import installed_callbacks
 from services.train.interrupt import run_interruptibly
 from services.train.plan import (
     WorkerPlan,
@@ -23,7 +24,7 @@ from services.train.plan import (
     resolve_token_ids,
     unigram_for,
 )
-from services.train.worker import STOP_ENV, TRACE_ENV, train_loop_per_worker
+from services.train.worker import train_loop_per_worker
 
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train's wait for a worker group to be placed
 ELASTIC_PLACEMENT_RETRIES = 3  # train.min_workers > 0: placements retried, each up to train.startup_timeout_s
@@ -99,11 +100,8 @@ def make_plan(
         )
     if not resume and not dry_run:
         shutil.rmtree(run_dir / "ray" / config.run.name, ignore_errors=True)  # Ray would restore its old run state
-    stop_after, trace = os.environ.get(STOP_ENV), os.environ.get(TRACE_ENV)
     if not dry_run:
         run_dir.mkdir(parents=True, exist_ok=True)
-        if trace:
-            Path(trace).mkdir(parents=True, exist_ok=True)
     return WorkerPlan(
         run=config,
         run_dir=str(run_dir),
@@ -113,9 +111,8 @@ def make_plan(
         pjrt_device=pjrt_device,
         init_from=str(init_from) if init_from else None,
         init_data_position=init_data_position(init_from) if config.data.continue_from_init else None,
-        stop_after_step=int(stop_after) if stop_after else None,
-        trace_examples=str(Path(trace).resolve()) if trace else None,
         unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
+        callbacks=installed_callbacks(),
     )
 
 

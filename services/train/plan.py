@@ -20,6 +20,7 @@ from albert_core.text.tokenization import SPECIAL_PIECES, TokenIds, Tokenizer
 from services.rundir.checkpoints import CHECKPOINTS_DIR, read_trainer_json
 from services.rundir.config import RunConfig, TrainSection
 from services.rundir.config import config_hash as config_hash_of
+from services.train.callbacks import StepCallback
 
 log = logging.getLogger(__name__)
 
@@ -293,8 +294,7 @@ class WorkerPlan:
     init_from: str | None = None  # model.init_from, resolved
     init_data_position: int | None = None  # data.continue_from_init: the source run's examples seen
     unigram_dir: str | None = None  # model.mlm_bias_init = "unigram": the shard set holding unigram.npy
-    stop_after_step: int | None = None  # ALBERT_STOP_AFTER_STEP: simulate a crash right after this step
-    trace_examples: str | None = None  # ALBERT_TRACE_EXAMPLES: a directory for per-step example-id traces
+    callbacks: tuple[StepCallback, ...] = ()  # installed in the driver's process (services.train.callbacks)
 
     @property
     def checkpoints(self) -> Path:

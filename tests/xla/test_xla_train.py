@@ -34,9 +34,10 @@ from services.cluster import connect  # noqa: E402
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
 from services.rundir.config import RunConfig, TrainSection  # noqa: E402
 from services.rundir.log import read_metrics as read_log  # noqa: E402
+from services.train.callbacks import installed  # noqa: E402
 from services.train.driver import run_pretraining
 from services.train.plan import pjrt_device_for
-from services.train.worker import STOP_ENV, TRACE_ENV
+from tests.worker_callbacks import CrashAfterStep, TraceExamples, crash_message  # noqa: E402
 
 
 def read_metrics(path) -> list[dict]:
@@ -144,9 +145,8 @@ def two_workers_cpu_and_xla(ray_cluster, shards, tmp_path_factory):
     runs = {}
     for backend in ("cpu", "xla"):
         trace = out / f"trace-{backend}"
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(TRACE_ENV, str(trace))
-            config = run_config(out, shards, f"two-{backend}", backend=backend, workers=2, steps=4)
+        config = run_config(out, shards, f"two-{backend}", backend=backend, workers=2, steps=4)
+        with installed(TraceExamples(trace)):
             runs[backend] = (run_pretraining(config, resume=False), trace)
     return runs
 
@@ -159,10 +159,8 @@ def xla_crashed_then_resumed(ray_cluster, shards, tmp_path_factory):
     uninterrupted run would cost): resuming mid-epoch 1 redoes them from the checkpoint, and removes dropout at 5.
     """
     config = run_config(tmp_path_factory.mktemp("resume"), shards, "crashy", backend="xla", dropout=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(STOP_ENV, "5")
-        with pytest.raises(Exception, match=STOP_ENV):
-            run_pretraining(config, resume=False)
+    with installed(CrashAfterStep(5)), pytest.raises(Exception, match=crash_message(5)):
+        run_pretraining(config, resume=False)
     crashed = read_metrics(config.run_dir / "metrics.jsonl")
     resumed = run_pretraining(config, resume=True)
     return crashed, resumed
