@@ -43,13 +43,14 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards  # noqa: E402
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA  # noqa: E402
 from services.cluster import coordinator_name  # noqa: E402
 from services.rundir.config import RunConfig  # noqa: E402
 from services.train.callbacks import installed  # noqa: E402
 from services.train.coordinator import get_or_create_coordinator  # noqa: E402
 from services.train.driver import run_pretraining  # noqa: E402
 from tests.ray_clusters import add_loopback_node, loopback_cluster  # noqa: E402
+from tests.synthetic import write_random_shards  # noqa: E402
 from tests.worker_callbacks import TraceExamples, read_trace  # noqa: E402
 
 VOCAB, SEQ = 96, 32

@@ -26,7 +26,6 @@ import pytest
 import torch
 from ray._private.runtime_env.packaging import create_package
 
-from albert_core.examples.shards import write_random_shards
 from albert_core.finetune.config import MAX_BATCH_SIZE
 from albert_core.finetune.tasks import DataFormatError
 from albert_core.finetune.tasks.custom_splits import MAX_CLASSES, CustomDataConfig, load_custom_splits
@@ -45,6 +44,7 @@ from services.rundir.ledger import RunLedger
 from services.rundir.report import LiveView
 from services.terminal import EXIT_DATA
 from services.train.plan import read_shard_set
+from tests.synthetic import write_random_shards
 from tests.test_finetuning import tiny
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from albert_core.examples.pairs import order_draw, reorder_pair
-from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.modeling import AlbertForPreTraining, compile_backbone
 from albert_core.optim import make_optimizer, make_scheduler
@@ -25,6 +25,7 @@ from services.train.callbacks import installed
 from services.train.driver import run_pretraining
 from services.train.plan import plan_data, resolve_token_ids
 from services.train.step import accumulate_gradients, make_micro_batch, train_step
+from tests.synthetic import write_random_shards
 from tests.worker_callbacks import CrashAfterStep, crash_message
 
 VOCAB = 96

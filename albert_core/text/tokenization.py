@@ -360,9 +360,6 @@ class Tokenizer:
         add_special_tokens=False) except where the text spells a special token ("[MASK]") literally."""
         return self.sp.encode(self.preprocess(text))
 
-    def encode_pieces(self, text: str) -> list[str]:
-        return self.sp.encode(self.preprocess(text), out_type=str)
-
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])
 
