@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from albert_core.text.corpus import Document, read_documents
+from albert_core.text.corpus import read_documents
+from albert_core.text.records import Document
 from albert_core.text.tokenization import MODEL_FILE, Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.cluster import connect
 from services.data.sample import assemble_sample_corpus

@@ -30,7 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from albert_core.examples.shards import EXAMPLE_SCHEMA, example_id
-from albert_core.text.corpus import Document, list_inputs, read_documents
+from albert_core.text.corpus import list_inputs, read_documents
+from albert_core.text.records import Document
 
 PAGES_PER_STREAM = 100  # as Wikipedia's multistream dumps
 MAX_PARAGRAPH_CHARS = 8000  # longer source paragraphs (a speech without blank lines) are cut at sentence ends

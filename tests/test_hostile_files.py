@@ -34,7 +34,8 @@ from albert_core.model.checkpoint import save_model, state_dict_of
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.interop import save_hf_checkpoint
 from albert_core.model.modeling import AlbertForPreTraining
-from albert_core.text.corpus import Document, Skip, read_documents
+from albert_core.text.corpus import read_documents
+from albert_core.text.records import Document, Skip
 from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services import cluster
 from services.cli import main as cli_main

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from albert_core.evaluation.intrinsic import read_heldout
 from albert_core.examples.pairs import IGNORE_LABEL
 from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR, document_hash
-from albert_core.text.corpus import CorpusError, Document, read_documents
+from albert_core.text.corpus import read_documents
+from albert_core.text.records import CorpusError, Document
 from albert_core.text.sentences import split_sentences
 from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.preprocess.cli import register

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.text.corpus import Document, Region, Skip, read_documents, read_region
+from albert_core.text.corpus import Region, read_documents, read_region
+from albert_core.text.records import Document, Skip
 from albert_core.text.regions import cut_points, first_cut, index_of, is_index, plan_file, stream_chunks
 from tests.synthetic import distinct_documents, write_jsonl, write_multistream_dump
 

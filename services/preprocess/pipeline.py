@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 
 from albert_core.examples.shards import HELDOUT_SCHEMA
 from albert_core.files import file_sha256
-from albert_core.text.corpus import CorpusError, Skip
+from albert_core.text.records import CorpusError, Skip
 from albert_core.text.regions import STREAM_EXPANSION, stream_chunks
 from albert_core.text.tokenization import Tokenizer
 from services.cluster import connect
