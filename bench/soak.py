@@ -224,6 +224,30 @@ def draw_schedule(rng: random.Random, n_faults: int) -> tuple[list[tuple[int, st
     return steps, at + CHECKPOINT_EVERY + 2
 
 
+def print_faults(faults: list[dict[str, Any]], per_step: int) -> None:
+    """A line per fault, the recoveries by kind and the work lost (`per_step`: examples a step trains)."""
+    recovered = [f for f in faults if "recovery_s" in f]
+    for f in faults:
+        seconds = f"{f['recovery_s']:.1f}s" if "recovery_s" in f else "not recovered"
+        print(
+            f"  step {f['at_step']:>3}  {f['kind']:<17} {f['detail']:<32} recovered in {seconds:<14}"
+            f"steps redone {f['steps_redone']}"
+        )
+    print(f"recoveries: {len(recovered)}/{len(faults)}")
+    for kind in KINDS:
+        times = [f["recovery_s"] for f in recovered if f["kind"] == kind]
+        if times:
+            print(
+                f"  {kind:<17} n={len(times)}  seconds to recover: min {min(times):.1f}  "
+                f"median {statistics.median(times):.1f}  max {max(times):.1f}"
+            )
+    redone = [f["steps_redone"] for f in faults]
+    print(
+        f"work lost per fault: max {max(redone, default=0)} steps = {max(redone, default=0) * per_step} examples "
+        f"(checkpoint every {CHECKPOINT_EVERY} steps); total {sum(redone) * per_step} examples trained twice"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--faults", type=int, default=8)
@@ -287,28 +311,8 @@ def main() -> int:
     a, b = load_file(reference.checkpoint / "model.safetensors"), load_file(result.checkpoint / "model.safetensors")
     same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     recovered = [f for f in faults if "recovery_s" in f]
-    per_step = config.train.global_batch_size
-
     print(f"\nfaults injected: {len(faults)} in {soak_s:.0f}s (uninterrupted: {reference_s:.0f}s)")
-    for f in faults:
-        seconds = f"{f['recovery_s']:.1f}s" if "recovery_s" in f else "not recovered"
-        print(
-            f"  step {f['at_step']:>3}  {f['kind']:<17} {f['detail']:<32} recovered in {seconds:<14}"
-            f"steps redone {f['steps_redone']}"
-        )
-    print(f"recoveries: {len(recovered)}/{len(faults)}")
-    for kind in KINDS:
-        times = [f["recovery_s"] for f in recovered if f["kind"] == kind]
-        if times:
-            print(
-                f"  {kind:<17} n={len(times)}  seconds to recover: min {min(times):.1f}  "
-                f"median {statistics.median(times):.1f}  max {max(times):.1f}"
-            )
-    redone = [f["steps_redone"] for f in faults]
-    print(
-        f"work lost per fault: max {max(redone, default=0)} steps = {max(redone, default=0) * per_step} examples "
-        f"(checkpoint every {CHECKPOINT_EVERY} steps); total {sum(redone) * per_step} examples trained twice"
-    )
+    print_faults(faults, config.train.global_batch_size)
     print(f"examples lost: {lost} of {sum(len(v) for v in want.values())}; steps not in the reference: {extra}")
     print(f"evaluations: {counts}")
     print(f"final weights equal the uninterrupted run: {'yes' if same else 'NO'}")
