@@ -3,6 +3,7 @@
 - `loopback_cluster`: a multi-node Ray on this machine (`ray.cluster_utils.Cluster`: a head node and worker nodes,
   each with its own raylet and object store), every node on 127.0.0.1, this process connected to it as a driver
   through services.cluster.connect (albert's one way to start Ray). tests/test_faults.py and bench/soak.py use it.
+- `loopback_env`: the environment for a Ray command-line tool (`ray drain-node`) run against such a cluster.
 - `listening_addresses`: the local addresses the given processes accept connections on, from /proc (Linux).
 
 The session's one-node Ray is tests/conftest.py's `ray_local` (services.cluster.connect's embedded Ray).
@@ -38,6 +39,13 @@ def loopback_cluster(worker_nodes: int, *, cpus: int = 1) -> Any:
     cluster.wait_for_nodes()
     connect(cluster.address)
     return cluster
+
+
+def loopback_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """`environ` (this process's by default) for a Ray command-line tool run against a loopback Ray (`ray
+    drain-node --address 127.0.0.1:PORT`): with Ray's one-machine setting, which keep_loopback makes in this process,
+    so that the tool keeps 127.0.0.1 too instead of the routable address, where nothing listens."""
+    return {**(os.environ if environ is None else environ), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def add_loopback_node(cluster: Any, *, cpus: int = 1) -> Any:

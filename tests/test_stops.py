@@ -22,7 +22,7 @@ from services.preprocess.layout import PROGRESS_DIR, Layout
 from services.rundir.log import read_metrics
 from services.train.callbacks import installed
 from services.train.driver import run_pretraining
-from tests.ray_clusters import add_loopback_node
+from tests.ray_clusters import add_loopback_node, loopback_env
 from tests.test_faults import FIXTURE, cluster, shards, wait_for, write_corpus  # noqa: F401 (fixtures)
 from tests.test_resize import CLUSTER_SOAK_ENV
 from tests.test_train import run_config
@@ -73,7 +73,7 @@ def drain(address: str, node_id: str, deadline_s: int) -> None:
     command = [str(Path(sys.executable).with_name("ray")), "drain-node", "--address", address, "--node-id", node_id,
                "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "test: spot VM reclaimed",
                "--deadline-remaining-seconds", str(deadline_s)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, timeout=60)
+    subprocess.run(command, check=True, capture_output=True, timeout=60, env=loopback_env())
 
 
 def events(run_dir: Path, name: str) -> list[dict]:
