@@ -73,11 +73,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--json")
     args = parser.parse_args()
-    import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    ray.init(num_cpus=args.workers, include_dashboard=False)
+    from services.cluster import connect  # an embedded Ray on loopback, as albert's commands start it
+
+    connect(num_cpus=args.workers)
     out = Path("/tmp/albert-bench/preemption-check.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     TorchTrainer(

@@ -26,8 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from albert_core.text.corpus import Document, read_documents
+from albert_core.text.corpus import read_documents
+from albert_core.text.records import Document
 from albert_core.text.tokenization import MODEL_FILE, Tokenizer, TokenizerTrainConfig, train_tokenizer
+from services.cluster import connect
 from services.data.sample import assemble_sample_corpus
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.pipeline import run_preprocess
@@ -93,7 +95,7 @@ def main() -> None:
     sp = tokenizer.sp
     print(f"corpus: {len(texts)} documents, {sum(map(len, texts)) / 1e6:.1f} M characters; tokenizer {tokenizer}")
 
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    connect(num_cpus=args.num_cpus, worker_logs=False)
     wall = {"pipeline": [], "raw": [], "tokenizer": []}
     cpu = {"pipeline": [], "raw": [], "tokenizer": []}
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

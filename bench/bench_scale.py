@@ -2,7 +2,7 @@
 run (issue 27).
 
 The corpus is made from registry text (the sample corpus: State of the Union addresses, Moby-Dick, Wikipedia
-articles; services.data.synthetic draws distinct documents from its paragraphs, seeded), written as
+articles; tests/synthetic.py draws distinct documents from its paragraphs, seeded), written as
 - one JSONL file ({"text": ...} per line),
 - one MediaWiki export compressed as a bzip2 multistream dump with its index (Wikipedia's shape),
 - a folder of plain text files of 64 MB (documents between blank lines),
@@ -48,18 +48,19 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from albert_core.examples.shards import MANIFEST_FILE  # noqa: E402
 from albert_core.text.tokenization import MODEL_FILE, TokenizerTrainConfig  # noqa: E402
+from services.cluster import connect  # noqa: E402
 from services.data.sample import DEFAULT_CACHE, assemble_sample_corpus  # noqa: E402
-from services.data.synthetic import (  # noqa: E402
+from services.data.tokenizer import train_on_corpus  # noqa: E402
+from services.preprocess.config import PreprocessConfig  # noqa: E402
+from services.preprocess.layout import PROGRESS_DIR  # noqa: E402
+from services.preprocess.pipeline import run_preprocess  # noqa: E402
+from tests.synthetic import (  # noqa: E402
     distinct_documents,
     source_paragraphs,
     write_jsonl,
     write_multistream_dump,
     write_text_folder,
 )
-from services.data.tokenizer import train_on_corpus  # noqa: E402
-from services.preprocess.config import PreprocessConfig  # noqa: E402
-from services.preprocess.layout import PROGRESS_DIR  # noqa: E402
-from services.preprocess.pipeline import run_preprocess  # noqa: E402
 
 SEED = 2026
 MAX_SEQ_LENGTH = 128
@@ -274,7 +275,7 @@ def main() -> None:
     inputs = sample_inputs()
     tokenizer = demo_tokenizer(inputs)
     shapes = build_shapes(args.cache, inputs, int(args.size_gb * 1e9))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    connect(num_cpus=2, worker_logs=False)
     work = args.cache / "out"
     runs = [measure("sample corpus", inputs, tokenizer, work / "sample", 2)]
     for name, path in shapes.items():

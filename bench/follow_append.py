@@ -2,8 +2,8 @@
 
 1. `albert preprocess` of a base corpus (Moby-Dick's chapters from the embedded sample corpus) with the demo's
    tokenizer (`bash scripts/main.sh` makes both).
-2. `albert pretrain --config tiny --set data.follow=true` on it, in the background, with ALBERT_TRACE_EXAMPLES
-   (every step's example ids) and ALBERT_STOP_AFTER_STEP (a crash near the end).
+2. `albert pretrain --config tiny --set data.follow=true` on it, in the background, with the tests' step callbacks
+   (tests/worker_callbacks.py): every step's example ids traced, and a crash near the end.
 3. Once the trace shows epoch 1: `albert preprocess --append-to SHARDS` of a second corpus (State of the Union
    addresses), in its own process and embedded Ray, while the run trains.
 4. The crashed run resumed with `albert pretrain --resume`.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ sys.path.insert(0, str(REPO))
 from albert_core.examples.shards import ShardsManifest  # noqa: E402
 from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints, read_trainer_json  # noqa: E402
 from services.rundir.log import read_metrics  # noqa: E402
+from tests.worker_callbacks import callbacks_command  # noqa: E402
 
 ALBERT = [sys.executable, "-m", "services.cli"]
 CACHE = REPO / ".cache" / "albert"
@@ -43,9 +43,11 @@ APPENDED = CACHE / "sample-corpus" / "sotu" / "18[0-4]*.txt"
 GLOBAL_BATCH = 32  # the tiny recipe's
 
 
-def albert(*args: str, log: Path, env: dict | None = None, wait: bool = True):
+def albert(*args: str, log: Path, wait: bool = True, **callbacks):
+    """`albert ARGS`; with `callbacks` (trace=DIR, crash_after=STEP), the tests' step callbacks installed."""
+    command = callbacks_command(args, **callbacks) if callbacks else [*ALBERT, *args]
     handle = open(log, "a")
-    proc = subprocess.Popen([*ALBERT, *args], cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(command, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT)
     if wait and proc.wait() != 0:
         raise SystemExit(f"albert {' '.join(args[:3])} failed; see {log}")
     return proc
@@ -87,8 +89,7 @@ def main() -> None:
         *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
     ]
     stop = args.steps - 10
-    env = {**os.environ, "ALBERT_TRACE_EXAMPLES": str(trace), "ALBERT_STOP_AFTER_STEP": str(stop)}
-    run = albert(*pretrain, log=log, env=env, wait=False)
+    run = albert(*pretrain, log=log, wait=False, trace=trace, crash_after=stop)
     while not (trace.is_dir() and any(line["epoch"] >= 1 for line in traced(trace))):
         if run.poll() is not None:
             raise SystemExit(f"the run ended before epoch 1; see {log}")
@@ -98,7 +99,7 @@ def main() -> None:
     committed = (shards / "manifest.json").stat().st_mtime
     run.wait()
     resume = ["--resume", str(work / "runs" / "follows")]
-    albert(*pretrain, *resume, log=log, env=env | {"ALBERT_STOP_AFTER_STEP": ""})
+    albert(*pretrain, *resume, log=log, trace=trace)
     times = {"epoch": epoch, "appended_at": appended_at, "committed": committed, "stop": stop}
     (work / "times.json").write_text(json.dumps(times))
     report(work, args.out)

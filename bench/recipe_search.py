@@ -94,7 +94,7 @@ def time_steps(config: RunConfig, ids, rows, steps: int = 4) -> float:
     return float(np.median(times[1:]))
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", required=True)
     parser.add_argument("--name", required=True)
@@ -120,10 +120,11 @@ def main() -> None:
         "--decay-fraction", type=float, default=0.0, help="with --fit-schedule: optim.decay_steps as a fraction"
     )
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    return parser
 
-    shards = Path(args.shards).resolve()
+
+def cell_config(args: argparse.Namespace, shards: Path) -> tuple[RunConfig, dict, dict]:
+    """The cell's RunConfig from --recipe, --set and --model, and those overrides (--set's, --model's)."""
     overrides = {"train.num_workers": 1, **{k: parse_value(v) for k, v in (s.split("=", 1) for s in args.set)}}
     model_overrides = {k: parse_value(v) for k, v in (s.split("=", 1) for s in args.model)}
     base = RunConfig.load(args.recipe, overrides={"data.shards": str(shards), **overrides})
@@ -135,9 +136,36 @@ def main() -> None:
             "model.overrides": {**base.model.overrides, **model_overrides},
         },
     )
-    ids = resolve_token_ids(shards, config)
-    rows = load_rows(shards)
-    unigram = load_or_count(shards, sorted((shards / TRAIN_DIR).glob("*.parquet")), ids.vocab_size, ids.special_ids)
+    return config, overrides, model_overrides
+
+
+def fit_schedule(args: argparse.Namespace, config: RunConfig, ids, rows) -> None:
+    """--fit-schedule: optim.total_steps (and warmup, decay) so that the schedule ends with the budget."""
+    per_step = time_steps(config, ids, rows)
+    total = max(10, int(args.budget / per_step))
+    config.optim.total_steps = total
+    config.optim.warmup_steps = max(1, int(total * args.fit_schedule))
+    config.optim.decay_steps = int(total * args.decay_fraction)
+    print(f"{args.name}: {per_step:.2f} CPU-s per step -> total_steps {total}, warmup {config.optim.warmup_steps}")
+
+
+def micro_batch_stream(config: RunConfig, ids, rows, micro: int):
+    """Micro-batches of `micro` rows without end, in a shuffled order per (seed, epoch); yields (epoch, batch)."""
+    n = len(rows["example_id"])
+    epoch, position = 0, 0
+    order = np.random.default_rng([config.run.seed, epoch]).permutation(n)
+    while True:
+        if position + micro > n:
+            epoch, position = epoch + 1, 0
+            order = np.random.default_rng([config.run.seed, epoch]).permutation(n)
+        take = order[position : position + micro]
+        position += micro
+        chunk = {name: values[take] for name, values in rows.items()}
+        yield epoch, make_micro_batch(chunk, seed=config.run.seed, epoch=epoch, ids=ids, data=config.data)
+
+
+def held_out_scorer(args: argparse.Namespace, config: RunConfig, shards: Path, ids, unigram):
+    """model -> its held-out MLM metrics against the unigram floor (services.eval.evaluate.evaluate_model)."""
     documents = read_heldout(str(shards / "heldout" / "documents.parquet"))
     options = IntrinsicOptions(
         max_seq_length=config.data.max_seq_length,
@@ -146,14 +174,34 @@ def main() -> None:
         mask_prob=args.eval_mask_prob,
         max_ngram=args.eval_max_ngram,
     )
+    return lambda model: evaluate_model(model, documents, options, ids, unigram=unigram)
 
+
+def save_cell(out: Path, record: dict) -> None:
+    """Append the cell's record to --out and print its final line."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    final = record["final"]
+    print(
+        f"{record['name']}: mlm_acc {final['mlm_acc']:.4f} (unigram {final['unigram_acc']:.4f}, margin "
+        f"{final['mlm_margin']:+.4f}) after {record['steps']} steps, {record['epochs']} epochs",
+        flush=True,
+    )
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    torch.set_num_threads(args.threads)
+
+    shards = Path(args.shards).resolve()
+    config, overrides, model_overrides = cell_config(args, shards)
+    ids = resolve_token_ids(shards, config)
+    rows = load_rows(shards)
+    unigram = load_or_count(shards, sorted((shards / TRAIN_DIR).glob("*.parquet")), ids.vocab_size, ids.special_ids)
+    score = held_out_scorer(args, config, shards, ids, unigram)
     if args.fit_schedule > 0:
-        per_step = time_steps(config, ids, rows)
-        total = max(10, int(args.budget / per_step))
-        config.optim.total_steps = total
-        config.optim.warmup_steps = max(1, int(total * args.fit_schedule))
-        config.optim.decay_steps = int(total * args.decay_fraction)
-        print(f"{args.name}: {per_step:.2f} CPU-s per step -> total_steps {total}, warmup {config.optim.warmup_steps}")
+        fit_schedule(args, config, ids, rows)
 
     model = initial_model(
         config.model_config(ids.vocab_size),
@@ -171,27 +219,17 @@ def main() -> None:
     eval_points = [args.budget * (i + 1) / args.evals for i in range(args.evals)]
 
     def evaluate(step: int, cpu: float, wall: float, train_loss: float) -> None:
-        metrics = evaluate_model(model, documents, options, ids, unigram=unigram)
+        metrics = score(model)
         point = {"step": step, "cpu_s": round(cpu, 1), "wall_s": round(wall, 1), "train_loss": train_loss, **metrics}
         curve.append(point)
         print(json.dumps({"name": args.name, **point}), flush=True)
 
     evaluate(0, 0.0, 0.0, float("nan"))
     cpu_used = wall_used = 0.0
-    step, epoch, position = 0, 0, 0
-    order = np.random.default_rng([config.run.seed, epoch]).permutation(n)
-    losses = []
+    step, stream, losses = 0, micro_batch_stream(config, ids, rows, micro), []
     while step < o.total_steps and cpu_used < args.budget:
         c0, w0 = time.process_time(), time.perf_counter()
-        micro_batches = []
-        for _ in range(accumulation):
-            if position + micro > n:
-                epoch, position = epoch + 1, 0
-                order = np.random.default_rng([config.run.seed, epoch]).permutation(n)
-            take = order[position : position + micro]
-            position += micro
-            chunk = {name: values[take] for name, values in rows.items()}
-            micro_batches.append(make_micro_batch(chunk, seed=config.run.seed, epoch=epoch, ids=ids, data=config.data))
+        micro_batches = [next(stream)[1] for _ in range(accumulation)]
         step += 1
         if t.dropout_removal_step and step == t.dropout_removal_step:
             model.set_dropout(0.0)
@@ -226,15 +264,7 @@ def main() -> None:
         "curve": curve,
         "time": time.time(),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    print(
-        f"{args.name}: mlm_acc {final['mlm_acc']:.4f} (unigram {final['unigram_acc']:.4f}, margin "
-        f"{final['mlm_margin']:+.4f}) after {step} steps, {record['epochs']} epochs",
-        flush=True,
-    )
+    save_cell(Path(args.out), record)
 
 
 if __name__ == "__main__":

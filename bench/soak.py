@@ -1,8 +1,9 @@
 """Soak test (`make soak`): a tiny pretraining run on a simulated multi-node Ray cluster under a randomized schedule
 of real faults, checked against an uninterrupted run of the same seed.
 
-The cluster (`ray.cluster_utils.Cluster`) is a head node and two worker nodes of 1 CPU each; training runs 2 workers
-of 1 CPU with its coordinator (evaluations every `--eval-every` steps). Faults, drawn at random steps:
+The cluster (tests/ray_clusters.py: `ray.cluster_utils.Cluster`, every node on 127.0.0.1) is a head node and two
+worker nodes of 1 CPU each; training runs 2 workers of 1 CPU with its coordinator (evaluations every `--eval-every`
+steps). Faults, drawn at random steps:
 
 - worker_kill: SIGKILL of a training worker process (Ray Train restarts the group from the last checkpoint);
 - node_loss: a worker node hosting a training worker is removed, and a fresh node joins in its place;
@@ -33,18 +34,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import torch
-from safetensors.torch import load_file
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests/: the loopback cluster, the step callbacks, the random shards
 
-from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
-from services.cluster import coordinator_name
-from services.rundir.config import RunConfig
-from services.train.coordinator import get_or_create_coordinator
-from services.train.driver import launch, prepare_run
-from services.train.plan import TRACE_ENV
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA  # noqa: E402
+from services.cluster import coordinator_name  # noqa: E402
+from services.rundir.config import RunConfig  # noqa: E402
+from services.train.callbacks import installed  # noqa: E402
+from services.train.coordinator import get_or_create_coordinator  # noqa: E402
+from services.train.driver import launch, prepare_run  # noqa: E402
+from tests.ray_clusters import add_loopback_node, loopback_cluster  # noqa: E402
+from tests.synthetic import write_random_shards  # noqa: E402
+from tests.worker_callbacks import TraceExamples, read_trace  # noqa: E402
 
 VOCAB, SEQ = 96, 32
 ROWS_PER_FILE = (80, 80, 80, 84)  # 2 workers x 8 rows a step: 20 steps an epoch
@@ -96,13 +103,6 @@ def soak_config(work: Path, shards: Path, name: str, total_steps: int, eval_ever
 
 # --------------------------------------------------------------------------------------------------
 # the trace and the faults
-
-
-def read_trace(directory: Path) -> list[dict[str, Any]]:
-    lines = []
-    for path in sorted(directory.glob("rank*.jsonl")):
-        lines += [json.loads(line) for line in path.read_text().split("\n")[:-1]]
-    return sorted(lines, key=lambda r: r["time"])
 
 
 def live_actors(class_name: str, states: tuple[str, ...] = ("ALIVE",)) -> list[dict[str, Any]]:
@@ -172,7 +172,7 @@ class FaultSchedule:
         node = next(n for n in sorted(self.cluster.worker_nodes, key=lambda n: n.node_id) if n.node_id in on)
         started = time.time()
         self.cluster.remove_node(node)
-        self.cluster.add_node(num_cpus=1)  # the replacement an autoscaler would bring
+        add_loopback_node(self.cluster)  # the replacement an autoscaler would bring
         return {"time": started, "detail": f"node {node.node_id[:8]}"}
 
     def coordinator_kill(self, live) -> dict[str, Any]:
@@ -206,14 +206,11 @@ class FaultSchedule:
 
 
 def traced_run(config: RunConfig, trace_dir: Path, **kwargs):
-    os.environ[TRACE_ENV] = str(trace_dir)
-    try:
+    with installed(TraceExamples(trace_dir)):
         started = time.monotonic()
         prepared = prepare_run(config, **kwargs)
         result = prepared.finished if prepared.finished is not None else launch(prepared.plan)
         return result, time.monotonic() - started
-    finally:
-        del os.environ[TRACE_ENV]
 
 
 def consumed(trace: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:
@@ -228,6 +225,30 @@ def draw_schedule(rng: random.Random, n_faults: int) -> tuple[list[tuple[int, st
     return steps, at + CHECKPOINT_EVERY + 2
 
 
+def print_faults(faults: list[dict[str, Any]], per_step: int) -> None:
+    """A line per fault, the recoveries by kind and the work lost (`per_step`: examples a step trains)."""
+    recovered = [f for f in faults if "recovery_s" in f]
+    for f in faults:
+        seconds = f"{f['recovery_s']:.1f}s" if "recovery_s" in f else "not recovered"
+        print(
+            f"  step {f['at_step']:>3}  {f['kind']:<17} {f['detail']:<32} recovered in {seconds:<14}"
+            f"steps redone {f['steps_redone']}"
+        )
+    print(f"recoveries: {len(recovered)}/{len(faults)}")
+    for kind in KINDS:
+        times = [f["recovery_s"] for f in recovered if f["kind"] == kind]
+        if times:
+            print(
+                f"  {kind:<17} n={len(times)}  seconds to recover: min {min(times):.1f}  "
+                f"median {statistics.median(times):.1f}  max {max(times):.1f}"
+            )
+    redone = [f["steps_redone"] for f in faults]
+    print(
+        f"work lost per fault: max {max(redone, default=0)} steps = {max(redone, default=0) * per_step} examples "
+        f"(checkpoint every {CHECKPOINT_EVERY} steps); total {sum(redone) * per_step} examples trained twice"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--faults", type=int, default=8)
@@ -237,20 +258,14 @@ def main() -> int:
     args = parser.parse_args()
 
     import ray
-    from ray.cluster_utils import Cluster
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a loopback-only cluster on this machine
     rng = random.Random(args.seed)
     schedule, total_steps = draw_schedule(rng, args.faults)
     work = args.work or Path(tempfile.mkdtemp(prefix="albert-soak-"))
     print(f"soak: seed {args.seed}, {total_steps} steps, {args.faults} faults, work dir {work}", flush=True)
     shards = write_shards(work / "shards")
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    ray._common.utils.reset_ray_address()  # other processes' ray.init() must not join this cluster
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address, log_to_driver=False)
+    cluster = loopback_cluster(2)
     try:
         reference_config = soak_config(work, shards, "reference", total_steps, args.eval_every)
         reference, reference_s = traced_run(reference_config, work / "trace-reference", resume=False)
@@ -297,28 +312,8 @@ def main() -> int:
     a, b = load_file(reference.checkpoint / "model.safetensors"), load_file(result.checkpoint / "model.safetensors")
     same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     recovered = [f for f in faults if "recovery_s" in f]
-    per_step = config.train.global_batch_size
-
     print(f"\nfaults injected: {len(faults)} in {soak_s:.0f}s (uninterrupted: {reference_s:.0f}s)")
-    for f in faults:
-        seconds = f"{f['recovery_s']:.1f}s" if "recovery_s" in f else "not recovered"
-        print(
-            f"  step {f['at_step']:>3}  {f['kind']:<17} {f['detail']:<32} recovered in {seconds:<14}"
-            f"steps redone {f['steps_redone']}"
-        )
-    print(f"recoveries: {len(recovered)}/{len(faults)}")
-    for kind in KINDS:
-        times = [f["recovery_s"] for f in recovered if f["kind"] == kind]
-        if times:
-            print(
-                f"  {kind:<17} n={len(times)}  seconds to recover: min {min(times):.1f}  "
-                f"median {statistics.median(times):.1f}  max {max(times):.1f}"
-            )
-    redone = [f["steps_redone"] for f in faults]
-    print(
-        f"work lost per fault: max {max(redone, default=0)} steps = {max(redone, default=0) * per_step} examples "
-        f"(checkpoint every {CHECKPOINT_EVERY} steps); total {sum(redone) * per_step} examples trained twice"
-    )
+    print_faults(faults, config.train.global_batch_size)
     print(f"examples lost: {lost} of {sum(len(v) for v in want.values())}; steps not in the reference: {extra}")
     print(f"evaluations: {counts}")
     print(f"final weights equal the uninterrupted run: {'yes' if same else 'NO'}")

@@ -16,7 +16,9 @@
 # every process it started for that node. `ray stop` is never used: it would stop every Ray on the machine.
 # Note: Ray 2.60 binds its core services (GCS, raylets, object managers) to all interfaces whatever
 # --node-ip-address says (it maps 127.0.0.1 to the routable IP); token auth guards them. Only the dashboard and
-# job server can be held to 127.0.0.1, and are.
+# job server can be held to 127.0.0.1, and are. (Ray keeps 127.0.0.1 only as a one-machine Ray, its macOS setting
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, under which `ray start` refuses worker nodes: albert's embedded Ray,
+# services.cluster.connect, and the tests' clusters, tests/ray_clusters.py, use it; this script cannot.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD

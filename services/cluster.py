@@ -1,5 +1,6 @@
-"""Reaching a Ray cluster: `connect` joins it as a driver (or starts an embedded local Ray), and its Jobs API runs
-albert commands there: submit, list, status, logs, stop.
+"""Reaching a Ray cluster: `connect` is the one place albert starts Ray (it joins a cluster as a driver, or starts
+an embedded Ray on this machine that listens on loopback only), and the Jobs API runs albert commands on a cluster:
+submit, list, status, logs, stop.
 
 A job is `python -m services.cli KIND ARGS...` run on the cluster's head node, in a copy of the local working
 directory that Ray packages and uploads (the runtime_env "working_dir", without venvs, caches, corpora, runs or
@@ -75,6 +76,7 @@ TOKEN_ENV = "RAY_AUTH_TOKEN"
 STOP_WAIT_ENV, STOP_WAIT_S = "RAY_JOB_STOP_WAIT_TIME_S", 40
 TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # the order the `ray job` CLI uses
+LOOPBACK = "127.0.0.1"  # where an embedded Ray listens
 
 
 class JobsError(ValueError):
@@ -105,16 +107,54 @@ class JobRecord:
 # --- as a driver ----------------------------------------------------------------------------------------
 
 
-def connect(address: str | None = None) -> None:
-    """Join a Ray cluster (`address`: "auto", "ray://host:10001", ...) or start an embedded local one."""
+def connect(address: str | None = None, *, num_cpus: int | None = None, worker_logs: bool = True) -> None:
+    """Start Ray for this command: the one place albert calls `ray.init`, for every command, in albert's namespace.
+
+    With `address` ("auto", "HOST:PORT", "ray://HOST:10001"), or RAY_ADDRESS (inside a Ray job it names the
+    cluster), join that cluster; else start an embedded Ray on this machine with `num_cpus` CPUs (all of them by
+    default) and no dashboard, whose node, GCS, raylet, object manager and agents listen on 127.0.0.1 only
+    (`keep_loopback`). Ray's own token auth applies as Ray sets it (RAY_AUTH_MODE; a new local Ray turns it on
+    unless RAY_AUTH_MODE=disabled). `worker_logs=False` keeps an embedded Ray's worker output out of the terminal
+    (where a live view draws; Ray's session logs keep it). Then a SIGTERM raises Terminated again (`ray.init`
+    installs Ray's handler, which exits at once, skipping the command's own clean-up). Nothing when Ray is already
+    started in this process."""
     import ray
+
+    from services.terminal import raise_on_sigterm
 
     if ray.is_initialized():
         return
-    if address or os.environ.get("RAY_ADDRESS"):  # a cluster; inside a Ray job, RAY_ADDRESS names it
+    joins = address or os.environ.get("RAY_ADDRESS")
+    if not joins or is_loopback(address_host(joins)):
+        keep_loopback()
+    if joins:
         ray.init(address=address, namespace=RAY_NAMESPACE)
     else:
-        ray.init(include_dashboard=False, namespace=RAY_NAMESPACE, log_to_driver=False)
+        ray.init(
+            num_cpus=num_cpus,
+            namespace=RAY_NAMESPACE,
+            include_dashboard=False,
+            log_to_driver=worker_logs,
+            _node_ip_address=LOOPBACK,
+            dashboard_host=LOOPBACK,
+        )
+    raise_on_sigterm()
+
+
+def keep_loopback() -> None:
+    """Make this process keep 127.0.0.1 as the address of a Ray node and of its GCS. Ray 2.60 replaces a loopback
+    address by the machine's routable one (ray._private.services.resolve_ip_for_localhost), so that a node given
+    127.0.0.1 would still listen on every interface, except where Ray runs on one machine only (its setting for
+    macOS and Windows, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0): that setting, for this process. A node whose address
+    stays 127.0.0.1 binds its GCS, raylet, object manager, agents and workers to loopback only."""
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def address_host(address: str) -> str:
+    """The host of a Ray address: "HOST:PORT", "ray://HOST:PORT", "http://HOST:PORT" ("auto" stays "auto")."""
+    return urlsplit(address if "://" in address else f"//{address}").hostname or address
 
 
 def coordinator_name(run_name: str) -> str:

@@ -64,7 +64,7 @@ def run_demo(
 
     shards = cache / f"sample-shards-{vocab_size}-{max_seq_length}"
     print(f"[3/4] preprocess → {shards} (resumes; finished shards are kept)")
-    connect()
+    connect(worker_logs=False)
     manifest = run_preprocess(
         PreprocessConfig(
             inputs=corpus_dirs,

@@ -44,7 +44,8 @@ class Terminated(KeyboardInterrupt):
 
 def raise_on_sigterm() -> None:
     """SIGTERM raises Terminated on the main thread. `ray.init` replaces the handler with Ray's own (which exits at
-    once, skipping a command's own clean-up): call this again after it. Off the main thread: nothing."""
+    once, skipping a command's own clean-up): services.cluster.connect calls this again after it. Off the main
+    thread: nothing."""
     import signal
     import threading
 
@@ -53,14 +54,6 @@ def raise_on_sigterm() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_sigterm)
-
-
-def start_ray(**options: Any) -> None:
-    """`ray.init(**options)` for a command, then `raise_on_sigterm` again in place of the handler Ray put in."""
-    import ray
-
-    ray.init(**options)
-    raise_on_sigterm()
 
 
 def interrupted_line(status: int) -> str:

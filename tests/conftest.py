@@ -1,4 +1,5 @@
-"""Shared fixtures. `ray_local`: one local Ray instance for the whole test session, shared by every Ray test."""
+"""Shared fixtures. `ray_local`: one local Ray instance for the whole test session, shared by every Ray test, started
+as every albert command starts it (services.cluster.connect: albert's namespace, on 127.0.0.1 only)."""
 
 from __future__ import annotations
 
@@ -18,21 +19,30 @@ def away_from_the_checkout(tmp_path_factory):
     """Every test runs in a scratch working directory, never in the checkout: what the main job (or any earlier run)
     left there under relative paths (`.cache/albert/`, `runs/`) is not seen by the suite, and the suite leaves
     nothing there. Tests that need the checkout name it (CHECKOUT, or cwd=ROOT in a subprocess)."""
-    before = Path.cwd()
+    before, path = Path.cwd(), os.environ.get("PYTHONPATH")
+    # Ray workers find the checkout's packages (tests/ too: the step callbacks tests install) through PYTHONPATH,
+    # not through the working directory they would otherwise inherit from the driver.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHECKOUT), path) if p)
     os.chdir(tmp_path_factory.mktemp("cwd"))
     yield
     os.chdir(before)
+    if path is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = path
 
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A local Ray (2 CPUs, no dashboard), started once per session and shut down at its end."""
+    """A local Ray (2 CPUs, no dashboard, on loopback only), started once per session and shut down at its end."""
     import ray
+
+    from services.cluster import connect
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only test cluster
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False)
+        connect(num_cpus=2)
     yield ray
     if started:
         ray.shutdown()

@@ -13,13 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from albert_core.text.corpus import (
-    CorpusError,
-    Document,
-    Skip,
-    list_inputs,
-    read_documents,
-)
+from albert_core.text.corpus import list_inputs, read_documents
+from albert_core.text.records import CorpusError, Document, Skip
 from albert_core.text.sentences import split_sentences
 from albert_core.text.wikitext import strip_wikitext
 

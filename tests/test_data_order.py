@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from albert_core.examples.order import WINDOW_ROWS, DataStream, ExampleOrder, worker_positions
-from albert_core.examples.shards import write_random_shards
 from services.train.data import Prefetch, ShardRows, host_steps
+from tests.synthetic import write_random_shards
 
 FILE_ROWS = (500, 300, 700, 12)
 

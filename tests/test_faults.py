@@ -5,7 +5,7 @@ object stores. Training runs 2 workers of 1 CPU, so one CPU is spare: it hosts e
 node goes. The faults are real:
 
 - SIGKILL of a training worker process, at a random step (its pid comes from the example trace,
-  `ALBERT_TRACE_EXAMPLES`), three times in one run: Ray Train restarts the worker group (`train.max_failures`);
+  tests/worker_callbacks.py), three times in one run: Ray Train restarts the worker group (`train.max_failures`);
 - removal of a worker node that hosts a training worker (its raylet and every process on it are killed);
 - SIGKILL of the run's coordinator actor and of an evaluator actor (pids from the GCS actor table);
 - SIGKILL of an `albert preprocess` job after its first shard is committed;
@@ -53,18 +53,20 @@ from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
-from services.cluster import coordinator_name
+from services.cluster import connect, coordinator_name
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.pipeline import run_preprocess
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
 from services.rundir.log import read_metrics
 from services.rundir.status import read_status
+from services.train.callbacks import installed
 from services.train.coordinator import get_or_create_coordinator
-from services.train.plan import TRACE_ENV
 from services.train.state import TrainerState, save_train_state
+from tests.ray_clusters import add_loopback_node, descendants, listening_addresses, loopback_cluster, on_loopback
 from tests.runs import run_training
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
+from tests.worker_callbacks import TraceExamples, read_trace
 
 pytestmark = [pytest.mark.ray]
 
@@ -98,27 +100,28 @@ class FaultCluster:
 @pytest.fixture(scope="module")
 def cluster():
     import ray
-    from ray.cluster_utils import Cluster
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only test cluster, as conftest's
     restore_local = ray.is_initialized()
     if restore_local:
         ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    # Cluster records its address as "the current cluster", which a plain ray.init() elsewhere on this machine
-    # would join; this driver connects by address, so the record goes.
-    ray._common.utils.reset_ray_address()
-    for _ in range(2):
-        c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
+    c = loopback_cluster(2)
     try:
         yield FaultCluster(c, random.Random(SEED))
     finally:
         ray.shutdown()
         c.shutdown()
         if restore_local:
-            ray.init(num_cpus=2, include_dashboard=False)  # tests/conftest.py's ray_local
+            connect(num_cpus=2)  # tests/conftest.py's ray_local
+
+
+def test_every_node_of_the_cluster_is_on_loopback_and_listens_nowhere_else(cluster):
+    import ray
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert len(nodes) == 3 and {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
+    listening = listening_addresses(descendants(os.getpid()))  # the nodes' processes are this process's children
+    assert len({pid for pid in listening.values()}) >= 3, "the reader sees the nodes' servers"
+    assert sorted(address for address in listening if not on_loopback(address[0])) == []
 
 
 def live_actors(class_name: str, *, starting: bool = False) -> list[dict[str, Any]]:
@@ -184,14 +187,6 @@ def faults_config(root: Path, shards: Path, name: str, **eval_section):
         setattr(config.eval, key, value)
     config.validate()
     return config
-
-
-def read_trace(directory: Path) -> list[dict[str, Any]]:
-    """Every whole line the workers appended (a line being written has no newline yet)."""
-    lines = []
-    for path in sorted(directory.glob("rank*.jsonl")):
-        lines += [json.loads(line) for line in path.read_text().split("\n")[:-1]]
-    return sorted(lines, key=lambda r: r["time"])
 
 
 def consumed(trace: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:
@@ -294,10 +289,8 @@ def kill_a_worker(rng: random.Random) -> Action:
 
 def train_traced(config, trace_dir: Path, faults: list[Fault] = (), **kwargs):
     """run_training with the example trace on, injecting `faults`; returns (result, trace, injected)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(TRACE_ENV, str(trace_dir))
-        with Injector(trace_dir, list(faults)) as injector:
-            result = run_training(config, **kwargs)
+    with installed(TraceExamples(trace_dir)), Injector(trace_dir, list(faults)) as injector:
+        result = run_training(config, **kwargs)
     if injector.error is not None:
         raise injector.error
     return result, read_trace(trace_dir), injector.injected
@@ -343,7 +336,7 @@ def node_removed(cluster, shards, tmp_path_factory):
     try:
         result, trace, injected = train_traced(config, root / "trace", [fault], resume=False)
     finally:
-        cluster.cluster.add_node(num_cpus=1)
+        add_loopback_node(cluster.cluster)
         cluster.cluster.wait_for_nodes()
     return result, trace, injected
 

@@ -21,7 +21,6 @@ from albert_core.finetune.finetuning import (
     markdown_table,
     median_of_seeds,
     score_ensemble,
-    score_outputs,
 )
 from albert_core.finetune.tasks.glue import encode_pair, polarity_split, read_polarity, truncate_pair
 from albert_core.finetune.tasks.outputs import TaskOutputs, ensemble
@@ -302,8 +301,8 @@ def test_best_dev_weights_are_kept_and_their_outputs_rescore_to_the_reported_met
     best = max(result["history"], key=lambda r: r["acc"])
     assert result["best_step"] == best["step"]
     assert result["dev"]["acc"] == best["acc"]
-    saved = TaskOutputs.load(result["files"]["outputs_dev"])
-    assert score_outputs(cfg, saved) == result["dev"]
+    rescored = score_ensemble(cfg, [Path(result["files"]["outputs_dev"]).parent])  # an ensemble of this run alone
+    assert rescored["dev"] == result["dev"]
 
 
 def test_early_stopping_ends_the_run_after_patience_evaluations_without_improvement(tmp_path, tok_dir):
@@ -552,11 +551,11 @@ def test_task_outputs_round_trip_through_npz(tmp_path):
 def test_ensemble_of_two_runs_is_scored_on_the_task_data(tmp_path, tok_dir):
     data = write_sst2(tmp_path, n_train=32, n_dev=16, test=False)
     cfgs = [config("sst2", data, tok_dir, tmp_path / str(s), seed=s, eval_every=0) for s in (1, 2)]
-    runs = [TaskOutputs.load(finetune(c)["files"]["outputs_dev"]) for c in cfgs]
-    merged = ensemble(runs)
+    dirs = [Path(finetune(c)["files"]["outputs_dev"]).parent for c in cfgs]
+    merged = ensemble([TaskOutputs.load(d / "outputs_dev.npz") for d in dirs])
     labels = np.array([y for _, y in keyword_rows(48, 1)[32:]])
     expected = float(np.mean(merged.arrays["logits"].argmax(1) == labels))
-    assert score_outputs(cfgs[0], merged) == {"acc": expected}
+    assert score_ensemble(cfgs[0], dirs)["dev"] == {"acc": expected}
 
 
 def test_score_ensemble_averages_saved_runs_and_writes_the_ensemble_submission(tmp_path, tok_dir):
@@ -565,7 +564,8 @@ def test_score_ensemble_averages_saved_runs_and_writes_the_ensemble_submission(t
     dirs = [Path(finetune(c)["files"]["outputs_dev"]).parent for c in cfgs]
     result = score_ensemble(cfgs[0], dirs, tmp_path / "ensemble")
     merged = ensemble([TaskOutputs.load(d / "outputs_dev.npz") for d in dirs])
-    assert result["dev"] == score_outputs(cfgs[0], merged)
+    labels = np.array([y for _, y in keyword_rows(48, 1)[32:]])
+    assert result["dev"] == {"acc": float(np.mean(merged.arrays["logits"].argmax(1) == labels))}
     merged_test = ensemble([TaskOutputs.load(d / "outputs_test.npz") for d in dirs])
     lines = (tmp_path / "ensemble" / "SST-2.tsv").read_text().splitlines()[1:]
     assert [int(line.split("\t")[1]) for line in lines] == merged_test.arrays["logits"].argmax(1).tolist()

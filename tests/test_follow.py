@@ -1,7 +1,7 @@
 """A run that follows its shard set (data.follow): a corpus appended with `albert preprocess --append-to` while the
 run is in epoch 1 is trained on from epoch 2, every checkpoint records the version of each epoch, and a resume
 replays the same example ids per step. Real SentencePiece, real `albert preprocess` on Ray Data, real
-TorchTrainer runs (2 fits: one stopped by ALBERT_STOP_AFTER_STEP, then its resume)."""
+TorchTrainer runs (2 fits: one stopped by a simulated crash, tests/worker_callbacks.py, then its resume)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from services.cli import main
 from services.rundir.checkpoints import checkpoint_dir, read_trainer_json
 from services.rundir.config import RunConfig
 from services.rundir.log import read_metrics
-from services.train.plan import STOP_ENV, TRACE_ENV
+from services.train.callbacks import installed
 from tests.runs import run_training
+from tests.worker_callbacks import CrashAfterStep, TraceExamples, crash_message
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
 
@@ -67,13 +68,11 @@ def run_config(root: Path, shards: Path) -> RunConfig:
     )
 
 
-def fit(config: RunConfig, monkeypatch, stop_after: int | None) -> None:
+def fit(config: RunConfig, stop_after: int | None) -> None:
     if stop_after is None:
-        monkeypatch.delenv(STOP_ENV, raising=False)
         run_training(config)
         return
-    monkeypatch.setenv(STOP_ENV, str(stop_after))
-    with pytest.raises(Exception, match=STOP_ENV):
+    with installed(CrashAfterStep(stop_after)), pytest.raises(Exception, match=crash_message(stop_after)):
         run_training(config)
 
 
@@ -91,11 +90,10 @@ def followed(tmp_path_factory):
     epoch = ShardsManifest.read(shards).data["examples"]
     # epoch 1 starts before the checkpoint at step 6, epoch 2 after step 7 and before step 10
     assert epoch < 6 * GLOBAL_BATCH and 7 * GLOBAL_BATCH < 2 * epoch < 9 * GLOBAL_BATCH, epoch
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(TRACE_ENV, str(root / "trace"))
-        fit(config, mp, stop_after=7)
+    with installed(TraceExamples(root / "trace")):
+        fit(config, stop_after=7)
         preprocess("--append-to", str(shards), "--input", str(write_corpus(root / "second", 6, 20)))
-        fit(config, mp, stop_after=None)
+        fit(config, stop_after=None)
     return root, shards, config
 
 

@@ -25,7 +25,6 @@ import pytest
 import torch
 from ray._private.runtime_env.packaging import create_package
 
-from albert_core.examples.shards import write_random_shards
 from albert_core.finetune.config import MAX_BATCH_SIZE
 from albert_core.finetune.tasks import DataFormatError
 from albert_core.finetune.tasks.custom_splits import MAX_CLASSES, CustomDataConfig, load_custom_splits
@@ -35,7 +34,8 @@ from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.interop import save_hf_checkpoint
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer
-from albert_core.text.corpus import Document, Skip, read_documents
+from albert_core.text.corpus import read_documents
+from albert_core.text.records import Document, Skip
 from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services import cluster
 from services.cli import main as cli_main
@@ -46,6 +46,7 @@ from services.rundir.report import LiveView
 from services.terminal import EXIT_DATA
 from services.train.plan import read_shard_set
 from services.train.state import TrainerState, save_train_state
+from tests.synthetic import write_random_shards
 from tests.test_finetuning import tiny
 
 REPO = Path(__file__).resolve().parent.parent

@@ -34,7 +34,8 @@ from albert_core.examples.pairs import IGNORE_LABEL, PairConfig, create_pairs
 from albert_core.examples.shape import OBJECTIVES
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.modeling import AlbertForPreTraining
-from albert_core.text.corpus import CorpusError, Document, Skip, read_documents
+from albert_core.text.corpus import read_documents
+from albert_core.text.records import CorpusError, Document, Skip
 from albert_core.text.sentences import split_sentences
 from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
 from albert_core.text.wikitext import strip_wikitext

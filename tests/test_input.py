@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from albert_core.examples.batch import mlm_batch, mlm_batches
-from albert_core.examples.shards import write_random_shards
 from albert_core.model.config import ConfigError
 from albert_core.text.tokenization import TokenIds
 from services.rundir.config import RunConfig
@@ -19,6 +18,7 @@ from services.train.follow import EpochData, data_stream
 from services.train.input import InputPlan, open_input
 from services.train.plan import ShardSet
 from services.train.step import make_micro_batch
+from tests.synthetic import write_random_shards
 
 FILE_ROWS = (300, 200, 90)
 VOCAB = 60

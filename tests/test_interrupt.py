@@ -24,6 +24,7 @@ from services.eval.evaluate import evaluator_slots
 from tests.conftest import default_sigint
 from tests.test_faults import shards  # noqa: F401  (the module fixture: 4 shard files and held-out documents)
 from tests.test_train import MODEL, SEQ, run_config
+from tests.worker_callbacks import callbacks_command
 
 pytestmark = [pytest.mark.ray]
 
@@ -68,12 +69,14 @@ cpus = 1
 class Terminal:
     """`albert pretrain` as a terminal runs it: its own session, Ctrl-C to the whole process group."""
 
-    def __init__(self, recipe: Path, run_dir: Path, *extra: str, env: dict[str, str] | None = None):
+    def __init__(self, recipe: Path, run_dir: Path, *extra: str, trace: Path | None = None):
+        """`trace`: the workers trace the example ids of each step there (tests/worker_callbacks.py)."""
         self.run_dir = run_dir
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log = (run_dir.parent / f"console-{time.time_ns()}.log").open("w")
-        args = [ALBERT, "pretrain", "--config", str(recipe), "--no-progress", *extra]
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})}
+        args = ["pretrain", "--config", str(recipe), "--no-progress", *extra]
+        args = callbacks_command(args, trace=trace) if trace else [ALBERT, *args]
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
         env.pop("RAY_ADDRESS", None)
         self.process = subprocess.Popen(
             args, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_sigint
@@ -149,7 +152,7 @@ def test_ctrl_c_checkpoints_and_stops_and_a_resume_with_a_pending_evaluation_tra
 
 
 def traced_steps(trace: Path) -> list[tuple[int, int]]:
-    """(rank, step) of every step a worker started (ALBERT_TRACE_EXAMPLES), a step redone after a stop again."""
+    """(rank, step) of every step a worker started (TraceExamples), a step redone after a stop again."""
     lines = [json.loads(line) for path in sorted(trace.glob("rank*.jsonl")) for line in path.read_text().splitlines()]
     return [(line["rank"], line["step"]) for line in lines]
 
@@ -161,9 +164,7 @@ def test_sigterm_checkpoints_at_the_stop_step_exits_143_and_the_resume_redoes_no
     trained twice."""
     recipe = write_recipe(tmp_path / "recipe.toml", shards, tmp_path / "runs")
     run_dir, trace = tmp_path / "runs" / "ctrl-c", tmp_path / "trace"
-    env = {"ALBERT_TRACE_EXAMPLES": str(trace)}
-
-    first = Terminal(recipe, run_dir, env=env)
+    first = Terminal(recipe, run_dir, trace=trace)
     first.wait_for_step_past(16, timeout=240)
     if target == "driver":
         first.terminate()
@@ -181,7 +182,7 @@ def test_sigterm_checkpoints_at_the_stop_step_exits_143_and_the_resume_redoes_no
     if target == "worker":  # the resume after a stop is the same as the driver's
         return
 
-    second = Terminal(recipe, run_dir, env=env)
+    second = Terminal(recipe, run_dir, trace=trace)
     second.wait_for_step_past(stop_step + 2, timeout=240)
     second.terminate()
     assert second.wait(timeout=60) == 143, second.console()[-3000:]

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -25,6 +26,7 @@ import pytest
 from services import cluster as jobs
 from services.jobs import cli as jobs_cli
 from services.terminal import EXIT_DATA, EXIT_FAILED
+from tests.worker_callbacks import callbacks_command
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray
@@ -625,9 +627,12 @@ def test_albert_jobs_stop_checkpoints_the_pretraining_job_at_its_next_step_and_t
 ):
     recipe = tiny_job_recipe(tmp_path, "stopped-job", total_steps=5000, checkpoint_every=1000)
     run_dir, trace = tmp_path / "runs" / "stopped-job", tmp_path / "trace"
-    env = {"env_vars": {"ALBERT_TRACE_EXAMPLES": str(trace)}}
     args = ["--config", str(recipe), "--no-progress"]
-    job_id = jobs.submit("pretrain", args, working_dir=REPO, runtime_env=env, **cluster.conn())
+
+    def traced(args: list[str]) -> str:  # `albert pretrain ARGS` with the example trace (tests/worker_callbacks.py)
+        return shlex.join(callbacks_command(["pretrain", *args], trace=trace, python="python"))
+
+    job_id = jobs.submit_entrypoint(traced(args), working_dir=REPO, **cluster.conn())
     deadline = time.monotonic() + 300
     while max((line["step"] for line in train_lines(run_dir)), default=0) < 10:
         assert time.monotonic() < deadline, jobs.job_logs(job_id, **cluster.conn())[-3000:]
@@ -642,7 +647,7 @@ def test_albert_jobs_stop_checkpoints_the_pretraining_job_at_its_next_step_and_t
     assert f"stopped at step {stopped['step']}" in jobs.job_logs(job_id, **cluster.conn())
 
     again = ["--config", str(recipe), "--no-progress", "--set", f"optim.total_steps={stopped['step'] + 2}"]
-    jobs.submit("pretrain", again, working_dir=REPO, runtime_env=env, wait=True, timeout_s=300, **cluster.conn())
+    jobs.submit_entrypoint(traced(again), working_dir=REPO, wait=True, timeout_s=300, **cluster.conn())
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if line.get("event") == "resumed"] == [stopped["step"]]
     traced = [

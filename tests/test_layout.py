@@ -27,7 +27,8 @@ LAYERS = (
     ("services.eval",),
     ("services.finetune", "services.preprocess"),
     ("services.rundir", "services.data"),
-    ("services.cluster", "services.terminal"),
+    ("services.cluster",),  # starts Ray, then hands SIGTERM back to the command (services.terminal)
+    ("services.terminal",),
     ("services",),
     ("albert_core",),
 )
@@ -141,6 +142,43 @@ def test_albert_core_imports_neither_ray_nor_services():
             names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("ray", "services")]
     assert offenders == []
+
+
+def ray_init_calls(path: Path) -> list[int]:
+    """The lines of `path` that call ray.init (as `ray.init(...)` or through `from ray import init`)."""
+    tree = ast.parse(path.read_text())
+    aliases = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "ray"
+               for a in n.names if a.name == "init"}  # fmt: skip
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            named = isinstance(f, ast.Name) and f.id in aliases
+            if named or (isinstance(f, ast.Attribute) and f.attr == "init" and ast.unparse(f.value) == "ray"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_one_module_of_services_starts_ray():
+    """Every command starts Ray through services.cluster.connect (one namespace, loopback unless told otherwise)."""
+    callers = {str(p.relative_to(ROOT)) for p in (ROOT / "services").rglob("*.py") if ray_init_calls(p)}
+    assert callers == {"services/cluster.py"}
+
+
+# The names of the test hooks that production modules held: fault injection and example tracing are step callbacks
+# the tests install (tests/worker_callbacks.py).
+TEST_HOOKS = ("ALBERT_STOP_AFTER_STEP", "ALBERT_TRACE_EXAMPLES", "STOP_ENV", "TRACE_ENV", "SimulatedCrash")
+
+
+def test_no_test_hook_in_services_or_albert_core():
+    found = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for name in TEST_HOOKS
+        if name in path.read_text()
+    ]
+    assert found == []
 
 
 def test_services_has_at_most_five_top_level_modules_beside_its_stage_folders():

@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 from albert_core.evaluation.intrinsic import read_heldout
 from albert_core.examples.pairs import IGNORE_LABEL
 from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR, document_hash
-from albert_core.text.corpus import CorpusError, Document, read_documents
+from albert_core.text.corpus import read_documents
+from albert_core.text.records import CorpusError, Document
 from albert_core.text.sentences import split_sentences
 from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, preprocess_sentences, train_tokenizer
 from services.preprocess.cli import register
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
-from services.preprocess.pipeline import run_preprocess, stream_examples
+from services.preprocess.pipeline import run_preprocess
 from services.preprocess.plan import list_input_files
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
@@ -358,15 +359,6 @@ def test_a_different_job_into_an_existing_output_is_refused(second_run):
     other = PreprocessConfig(**{**config.__dict__, "seed": config.seed + 1})
     with pytest.raises(ValueError, match="other inputs, input sizes, tokenizer or options"):
         run_preprocess(other)
-
-
-@pytest.mark.ray
-def test_stream_examples_yields_the_rows_of_the_shards_in_order(skip_run):
-    config, manifest = skip_run
-    batches = list(stream_examples(config).iter_batches(batch_format="pyarrow", batch_size=None))
-    streamed = pa.concat_tables(batches)
-    assert streamed.schema.equals(EXAMPLE_SCHEMA)
-    assert streamed.equals(read_shards(config, manifest))
 
 
 # ----------------------------------------------------------------------------------------------------------

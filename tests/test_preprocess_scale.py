@@ -22,11 +22,11 @@ import pytest
 
 from albert_core.examples.shards import HELDOUT_FILE, MANIFEST_FILE
 from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
-from services.data.synthetic import distinct_documents, write_jsonl, write_multistream_dump
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.pipeline import run_preprocess
 from services.preprocess.unit import UnitTransform
+from tests.synthetic import distinct_documents, write_jsonl, write_multistream_dump
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"

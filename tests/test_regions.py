@@ -11,9 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.text.corpus import Document, Region, Skip, read_documents, read_region
+from albert_core.text.corpus import Region, read_documents, read_region
+from albert_core.text.records import Document, Skip
 from albert_core.text.regions import cut_points, first_cut, index_of, is_index, plan_file, stream_chunks
-from services.data.synthetic import distinct_documents, write_jsonl, write_multistream_dump
+from tests.synthetic import distinct_documents, write_jsonl, write_multistream_dump
 
 PARAGRAPHS = [
     f"Paragraph {i} says something about topic {i % 7}. It has a second sentence! And a third one? Yes, {i}."

@@ -20,9 +20,11 @@ import pytest
 from albert_core.model.config import ConfigError
 from services.rundir.config import RunConfig
 from services.rundir.log import read_metrics
-from services.train.plan import STOP_ENV
-from tests.test_faults import Fault, cluster, read_trace, shards, train_traced  # noqa: F401
+from services.train.callbacks import installed
+from tests.ray_clusters import add_loopback_node
+from tests.test_faults import Fault, cluster, shards, train_traced  # noqa: F401
 from tests.test_train import run_config
+from tests.worker_callbacks import CrashAfterStep, crash_message, read_trace
 
 GLOBAL, MICRO = 12, 2  # splits among 1, 2 or 3 workers: 6, 3 or 2 micro-batches each
 TOTAL_STEPS = 8
@@ -135,10 +137,8 @@ def reference(cluster, shards, tmp_path_factory):  # noqa: F811
 
 
 def crash_at(config: RunConfig, trace_dir: Path, step: int, *, resume: bool) -> list[dict[str, Any]]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(STOP_ENV, str(step))
-        with pytest.raises(Exception, match=STOP_ENV):
-            train_traced(config, trace_dir, resume=resume)
+    with installed(CrashAfterStep(step)), pytest.raises(Exception, match=crash_message(step)):
+        train_traced(config, trace_dir, resume=resume)
     return read_trace(trace_dir)
 
 
@@ -206,7 +206,7 @@ def elastic(cluster, shards, tmp_path_factory):  # noqa: F811
         result, trace, injected = train_traced(config, root / "trace", faults, resume=False)
     finally:
         if len(cluster.cluster.worker_nodes) < 2:
-            cluster.cluster.add_node(num_cpus=1)
+            add_loopback_node(cluster.cluster)
         cluster.cluster.wait_for_nodes()
     timeline.append({"seconds": time.monotonic() - started})
     return result, trace, injected, timeline

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from albert_core.text.corpus import FILTER_REASONS, Document, Skip, read_documents
+from albert_core.text.corpus import FILTER_REASONS, read_documents
+from albert_core.text.records import Document, Skip
 from services.data import sample as sample_data
 from services.data.sample import SampleDataError, assemble_sample_corpus
 

@@ -9,6 +9,7 @@ every matching checkpoint must end up evaluated exactly once.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import shutil
 import signal
@@ -276,7 +277,7 @@ def test_a_complete_schedule_holds_no_checkpoint_and_shows_in_the_run_status(sch
     assert code == 0
     (summary,) = schedules.summaries(run_dir)
     assert summary["done"] == 3 and summary["last_step"] == 12 and summary["complete"]
-    assert schedules.held_steps(run_dir, [4, 8, 12]) == set()
+    assert schedules.held_and_lapsed(run_dir, [4, 8, 12], math.inf)[0] == set()
 
 
 @pytest.mark.ray

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 
 import pytest
@@ -84,13 +85,13 @@ def test_attaching_with_another_job_under_the_same_name_is_refused(tmp_path):
 
 def test_a_cancelled_schedule_holds_no_checkpoint_and_cannot_be_attached_again(tmp_path):
     schedules.create_or_attach(tmp_path, spec())
-    assert schedules.held_steps(tmp_path, [10, 20, 25]) == {10, 20}
+    assert schedules.held_and_lapsed(tmp_path, [10, 20, 25], math.inf)[0] == {10, 20}
 
     def cancel(state):
         state.cancelled = True
 
     schedules.update(tmp_path, "every-10", cancel)
-    assert schedules.held_steps(tmp_path, [10, 20, 25]) == set()
+    assert schedules.held_and_lapsed(tmp_path, [10, 20, 25], math.inf)[0] == set()
     with pytest.raises(ValueError, match="cancelled"):
         schedules.create_or_attach(tmp_path, spec())
 
@@ -98,7 +99,7 @@ def test_a_cancelled_schedule_holds_no_checkpoint_and_cannot_be_attached_again(t
 def test_an_unreadable_schedule_file_holds_nothing_and_does_not_stop_a_status(tmp_path):
     schedules.create_or_attach(tmp_path, spec("good"))
     (tmp_path / "schedules" / "bad.json").write_text("{")
-    assert schedules.held_steps(tmp_path, [10]) == {10}
+    assert schedules.held_and_lapsed(tmp_path, [10], math.inf)[0] == {10}
     assert [s["name"] for s in schedules.summaries(tmp_path)] == ["good"]
 
 

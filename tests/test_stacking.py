@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from albert_core.examples.shards import write_random_shards
 from albert_core.model.checkpoint import save_model, state_dict_of
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.model.stacking import block_map, check_init_source, load_stacked, stack_layers
 from services.rundir.config import RunConfig
+from tests.synthetic import write_random_shards
 
 WIDTHS = dict(
     vocab_size=120,

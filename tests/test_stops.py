@@ -20,11 +20,13 @@ from albert_core.files import HeldLock
 from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.preprocess.layout import PROGRESS_DIR, Layout
 from services.rundir.log import read_metrics
-from services.train.plan import TRACE_ENV
+from services.train.callbacks import installed
+from tests.ray_clusters import add_loopback_node, loopback_env
 from tests.runs import run_training
-from tests.test_faults import FIXTURE, cluster, read_trace, shards, wait_for, write_corpus  # noqa: F401 (fixtures)
+from tests.test_faults import FIXTURE, cluster, shards, wait_for, write_corpus  # noqa: F401 (fixtures)
 from tests.test_resize import CLUSTER_SOAK_ENV
 from tests.test_train import run_config
+from tests.worker_callbacks import TraceExamples, read_trace
 
 ALBERT = str(Path(sys.executable).with_name("albert"))
 
@@ -71,7 +73,7 @@ def drain(address: str, node_id: str, deadline_s: int) -> None:
     command = [str(Path(sys.executable).with_name("ray")), "drain-node", "--address", address, "--node-id", node_id,
                "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "test: spot VM reclaimed",
                "--deadline-remaining-seconds", str(deadline_s)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, timeout=60)
+    subprocess.run(command, check=True, capture_output=True, timeout=60, env=loopback_env())
 
 
 def events(run_dir: Path, name: str) -> list[dict]:
@@ -106,14 +108,13 @@ def test_a_drained_node_gets_a_checkpoint_at_the_notice_step_and_the_restart_res
         seen["removed_at_step"] = max(r["step"] for r in read_trace(trace))
 
     injector = threading.Thread(target=preempt, daemon=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(TRACE_ENV, str(trace))
+    with installed(TraceExamples(trace)):
         injector.start()
         try:
             result = run_training(config, resume=False)
         finally:
             injector.join(timeout=120)
-            cluster.cluster.add_node(num_cpus=1)
+            add_loopback_node(cluster.cluster)
             cluster.cluster.wait_for_nodes()
     run_dir = config.run_dir
     notices, resumed = events(run_dir, "preemption_notice"), events(run_dir, "resumed")

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from albert_core.examples.pairs import order_draw, reorder_pair
-from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, write_random_shards
+from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.modeling import AlbertForPreTraining, compile_backbone
 from albert_core.optim import make_optimizer, make_scheduler
@@ -21,9 +21,12 @@ from albert_core.text.tokenization import TokenIds, Tokenizer, TokenizerTrainCon
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
 from services.rundir.config import RunConfig
 from services.rundir.log import read_metrics
-from services.train.plan import STOP_ENV, plan_data, resolve_token_ids
+from services.train.callbacks import installed
+from services.train.plan import plan_data, resolve_token_ids
 from services.train.step import accumulate_gradients, make_micro_batch, train_step
 from tests.runs import run_training
+from tests.synthetic import write_random_shards
+from tests.worker_callbacks import CrashAfterStep, crash_message
 
 VOCAB = 96
 SEQ = 32
@@ -354,10 +357,8 @@ def crashed_then_resumed(ray_local, shards, tmp_path_factory):
     removes dropout at step 6, so every part of the data position and the dropout state is exercised.
     """
     config = run_config(tmp_path_factory.mktemp("b"), shards, "crashy")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(STOP_ENV, "5")
-        with pytest.raises(Exception, match=STOP_ENV):
-            run_training(config, resume=False)
+    with installed(CrashAfterStep(5)), pytest.raises(Exception, match=crash_message(5)):
+        run_training(config, resume=False)
     before = train_lines(config.run_dir / "metrics.jsonl")
     latest_before = latest_good(config.run_dir / "checkpoints")
     result = run_training(config, resume=True)

@@ -176,12 +176,6 @@ class ExampleOrder:
         """Examples in the epoch: every example once, or the sizes of a weighted epoch's drawn blocks."""
         return self.num_examples if self.weights is None else int(self._epoch_windows(epoch)[1][-1])
 
-    def window_of(self, epoch: int, index: int) -> tuple[int, int]:
-        """(window number, its first epoch index) holding epoch index `index`."""
-        _, bounds, _ = self._epoch_windows(epoch)
-        w = int(np.searchsorted(bounds[:-1], index, side="right")) - 1
-        return w, int(bounds[w])
-
     @functools.lru_cache(maxsize=8)  # noqa: B019
     def window(self, epoch: int, w: int) -> np.ndarray:
         """The global rows of window w of an epoch, in training order."""

@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from albert_core.files import leaves_directory
 from albert_core.text.tokenization import tokenizer_at
@@ -202,23 +200,3 @@ HELDOUT_SCHEMA = pa.schema(
     ]
 )
 HELDOUT_FILE = "heldout/documents.parquet"
-
-
-def write_random_shards(
-    train_dir: Path, rows_per_file: tuple[int, ...], *, vocab_size: int, rng: np.random.Generator
-) -> None:
-    """Synthetic shards for tests and benchmarks: random [CLS] A [SEP] B [SEP] rows in the EXAMPLE_SCHEMA."""
-    train_dir.mkdir(parents=True)
-    for shard, n_rows in enumerate(rows_per_file):
-        rows: dict[str, list] = {name: [] for name in EXAMPLE_SCHEMA.names}
-        for row in range(n_rows):
-            n_a, n_b = rng.integers(4, 13, size=2)
-            ids = [2, *rng.integers(5, vocab_size, n_a), 3, *rng.integers(5, vocab_size, n_b), 3]
-            starts = rng.random(len(ids)) < 0.7
-            starts[[0, 1, n_a + 1, n_a + 2, len(ids) - 1]] = True
-            rows["example_id"].append(example_id(shard, row))
-            rows["input_ids"].append(ids)
-            rows["token_type_ids"].append([0] * (n_a + 2) + [1] * (n_b + 1))
-            rows["word_starts"].append(starts.tolist())
-            rows["pair_label"].append(int(rng.integers(0, 2)))
-        pq.write_table(pa.table(rows, schema=EXAMPLE_SCHEMA), train_dir / f"shard-{shard:05d}.parquet")

@@ -374,21 +374,6 @@ def _progress(total: int, enabled: bool, task: str):
 # --- scoring saved outputs, seeds, ensembles --------------------------------------------------------------
 
 
-def score_outputs(config: FinetuneConfig, outputs: TaskOutputs) -> dict[str, float]:
-    """The official metrics of saved outputs (e.g. an `ensemble`) on config.task's data (no model involved)."""
-    tokenizer = load_tokenizer(config.tokenizer_path())
-    data = load_task_data(config, tokenizer)
-    if outputs.task != config.task:
-        raise ValueError(f"score_outputs: outputs are of task {outputs.task!r}, the config's task is {config.task!r}")
-    if outputs.ids != data.row_ids(outputs.split):
-        raise ValueError(
-            f"score_outputs: the outputs' {len(outputs.ids)} rows are not the {outputs.split} rows of {config.data_dir}"
-        )
-    if outputs.split.startswith("test"):
-        return data.test_metrics(outputs)
-    return data.score(outputs)
-
-
 def score_ensemble(
     config: FinetuneConfig, run_dirs: Sequence[str | Path], out_dir: str | Path | None = None
 ) -> dict[str, Any]:
@@ -467,5 +452,4 @@ __all__ = [
     "median_of_seeds",
     "resolve_device",
     "score_ensemble",
-    "score_outputs",
 ]

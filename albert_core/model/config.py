@@ -78,10 +78,6 @@ class AlbertConfig:
         return self.embedding_projection
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
     def num_attention_blocks(self) -> int:
         """Distinct attention parameter sets in the encoder."""
         return self.num_hidden_groups if self.sharing in ("all", "attention") else self.num_hidden_layers

@@ -254,9 +254,6 @@ class _Albert(nn.Module):
     def set_dropout(self, p: float) -> None:
         set_dropout(self, p)
 
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
 
 class AlbertModel(_Albert):
     """Embeddings + encoder + pooler: the backbone shared by every task head."""

@@ -396,9 +396,6 @@ class Tokenizer:
         """[self.encode(t) for t in texts], preprocessed and encoded in one call each (on this thread)."""
         return self.sp.encode(preprocess_sentences(self, texts), num_threads=1)
 
-    def encode_pieces(self, text: str) -> list[str]:
-        return self.sp.encode(self.preprocess(text), out_type=str)
-
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])
 

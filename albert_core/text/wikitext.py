@@ -1,4 +1,4 @@
-"""MediaWiki wikitext to plain prose (`strip_wikitext`), for the MediaWiki XML reader of `albert_core.text.corpus`.
+"""MediaWiki wikitext to plain prose (`strip_wikitext`), for the MediaWiki XML reader of `albert_core.text.readers`.
 
 Nested constructs (templates, tables, links) are removed one level per pass, at most _MAX_NESTING passes; element
 tags, external links and headings are found by forward scans instead of the regexes that took quadratic or cubic

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from albert_core.text.corpus import Document, list_inputs, read_documents
+from albert_core.text.corpus import list_inputs, read_documents
+from albert_core.text.records import Document
 from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 
 

@@ -98,7 +98,7 @@ def cmd_eval_schedule(args: argparse.Namespace) -> int:
         given = {"max_steps": "--task-max-steps"} if spec.task_max_steps and "max_steps" in defaults.overrides else {}
         print(defaults.describe(given))
     on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
-    connect(args.address)
+    connect(args.address, worker_logs=False)
     if args.once:
         state = Scheduler(run_dir, spec.name, poll_s=args.poll_s).run(threading.Event(), once=True)
         print(progress_line(state.summary()))

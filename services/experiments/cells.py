@@ -136,7 +136,7 @@ def ensure_shards(options: dict[str, Any], *, progress: bool = False) -> Path:
     directory = shards_dir(options)
     if (directory / MANIFEST_FILE).is_file():
         return directory
-    connect()
+    connect(worker_logs=False)
     run_preprocess(
         PreprocessConfig(
             inputs=list(options["inputs"]),

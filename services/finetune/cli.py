@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.cluster import connect
 from services.finetune.seeds import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
-from services.terminal import EXIT_INTERRUPTED, UsageError, interrupted_line, interrupted_status, printable, start_ray
+from services.terminal import EXIT_INTERRUPTED, UsageError, interrupted_line, interrupted_status, printable
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -154,7 +155,7 @@ def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], outpu
         result = finetune(configs[0])
         return summarize([result], output) | {"results": [result]}
     if args.address:
-        start_ray(address=args.address)
+        connect(args.address)
     return run_downstream(
         task,
         args.checkpoint,

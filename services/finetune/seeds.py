@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from services.cluster import connect
+
 if TYPE_CHECKING:
     from albert_core.finetune.config import FinetuneConfig
 
@@ -182,10 +184,8 @@ def run_seeds(
     import ray
 
     from services.finetune.console import seed_line
-    from services.terminal import start_ray
 
-    if not ray.is_initialized():
-        start_ray()
+    connect()
     task = _finetune_task().options(num_cpus=num_cpus, num_gpus=num_gpus)
     pending = {task.remote(config, int(max(1, num_cpus))): i for i, config in enumerate(configs)}
     results: list[dict[str, Any] | None] = [None] * len(configs)

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from albert_core.text.corpus import ON_ERROR
+from services.cluster import connect
 from services.preprocess.checks import NoExamplesError, check_arguments
 from services.preprocess.config import DEFAULTS, SHAPE_FLAGS, PreprocessConfig
-from services.terminal import UsageError, printable, start_ray
+from services.terminal import UsageError, printable
 
 if TYPE_CHECKING:
     from argparse import Namespace
@@ -122,10 +123,7 @@ def cmd_preprocess(args: Namespace) -> int:
     from services.preprocess.pipeline import run_preprocess
 
     config, job = plan_from_args(args)
-    import ray
-
-    if not ray.is_initialized():
-        start_ray(num_cpus=args.num_cpus, include_dashboard=False)  # a SIGTERM unwinds, its run lock released
+    connect(num_cpus=args.num_cpus)  # a SIGTERM unwinds, its run lock released
     manifest_path = Path(config.output) / MANIFEST_FILE
     try:
         m = run_preprocess(config, job)

@@ -26,8 +26,7 @@ manifest.json lists every part (services.preprocess.manifest) and is the commit 
 
 Resume: a rerun into the same output keeps every unit whose marker matches the plan and whose files still have
 their recorded sha256 (a stream is read again, its finished chunks cut but not redone); everything else is
-redone from scratch. An output made by a different plan is refused rather than mixed. `stream_examples` runs the
-same transform and returns the rows as a Dataset without writing anything.
+redone from scratch. An output made by a different plan is refused rather than mixed.
 
 Accounting: every record the corpus reader yields is one document read, and is exactly one of used (it gave
 examples), held out, or skipped (a reader Skip by its reason, or a pair skip: `no_tokens` / `single_token`).
@@ -48,16 +47,16 @@ import pyarrow.parquet as pq
 
 from albert_core.examples.shards import HELDOUT_SCHEMA
 from albert_core.files import file_sha256
-from albert_core.text.corpus import CorpusError, Skip
+from albert_core.text.records import CorpusError, Skip
 from albert_core.text.regions import STREAM_EXPANSION, stream_chunks
-from albert_core.text.tokenization import AnyTokenizer, load_tokenizer
+from albert_core.text.tokenization import AnyTokenizer
+from services.cluster import connect
 from services.preprocess.checks import check_examples
 from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig, StreamInput, Unit
 from services.preprocess.layout import Layout
 from services.preprocess.manifest import commit_part, manifest_head, part_entry
-from services.preprocess.plan import Plan, PreprocessJob, list_input_files, plan_preprocess, plan_units
-from services.preprocess.unit import StreamData, UnitTransform, completed_summary, write_unit
-from services.terminal import start_ray
+from services.preprocess.plan import Plan, PreprocessJob, plan_preprocess
+from services.preprocess.unit import StreamData, completed_summary, write_unit
 
 # ----------------------------------------------------------------------------------------------------------
 # Ray Data glue
@@ -99,17 +98,6 @@ def _write_shards(
     return {"summary": np.array(out, dtype=object)}
 
 
-def _stream_tables(
-    batch: dict[str, np.ndarray], tokenizer: AnyTokenizer, config: PreprocessConfig
-) -> Iterator[pa.Table]:
-    tokenizer = _worker_tokenizer(tokenizer)
-    for unit, data in _rows(batch):
-        transform = UnitTransform(unit, tokenizer, config, heldout=lambda table: None, stream=data)
-        for table in transform.tables():
-            if table.num_rows:
-                yield table
-
-
 def _stream_units(row: dict[str, Any], config: PreprocessConfig, done: frozenset[int]) -> Iterator[dict[str, Any]]:
     """flat_map over a stream file: its chunks as units with their bytes (those of `done` units cut, not handed on)."""
     stream = StreamInput(InputFile(**json.loads(row["file"])), int(row["first"]))
@@ -126,8 +114,7 @@ def _workers(config: PreprocessConfig) -> int:
 
     if config.num_cpus is not None:
         return config.num_cpus
-    if not ray.is_initialized():
-        start_ray()
+    connect()
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
@@ -166,18 +153,6 @@ def _work_dataset(units: list[Unit], streams: list[StreamInput], done: set[int],
         compute=ray.data.TaskPoolStrategy(size=max(1, min(workers, len(units) + 4 * len(streams)))),
         fn_kwargs=fn_kwargs,
     )
-
-
-def stream_examples(config: PreprocessConfig):
-    """The examples as a ray.data.Dataset of EXAMPLE_SCHEMA rows, made on the fly (nothing is written): the same
-    rows and ids as the shards run_preprocess writes (in unit order when the input has no stream file)."""
-    tokenizer = load_tokenizer(config.tokenizer)
-    plan = plan_units(list_input_files(config), config)
-    kwargs = {"tokenizer": tokenizer, "config": config}
-    ds = _work_dataset(list(plan.units), list(plan.streams), set(), _stream_tables, kwargs, config)
-    if not plan.streams:
-        ds.context.execution_options.preserve_order = True
-    return ds
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from albert_core.evaluation.unigram import UnigramBaseline
 from albert_core.examples.pairs import create_pairs
 from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, document_hash, example_id
 from albert_core.files import file_sha256
-from albert_core.text.corpus import CorpusError, Document, Skip, read_documents, read_region
+from albert_core.text.corpus import read_documents, read_region
+from albert_core.text.records import CorpusError, Document, Skip
 from albert_core.text.sentences import split_sentences
 from albert_core.text.tokenization import AnyTokenizer
 from services.preprocess.config import PreprocessConfig, Unit

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -309,15 +308,11 @@ def lease_age(run_dir: str | Path, state: ScheduleState, now: float | None = Non
     return (time.time() if now is None else now) - renewed
 
 
-def held_steps(run_dir: str | Path, steps: Iterable[int], lease_s: float = math.inf) -> set[int]:
-    """The checkpoint steps retention must keep: those an active schedule of the run still has to evaluate, while
-    its scheduler holds its lease (renewed within `lease_s` seconds)."""
-    return held_and_lapsed(run_dir, steps, lease_s)[0]
-
-
 def held_and_lapsed(run_dir: str | Path, steps: Iterable[int], lease_s: float) -> tuple[set[int], list[dict]]:
-    """held_steps, and the active schedules whose lease lapsed since they last held (each marked `lease_lapsed`
-    once, returned as {"schedule", "idle_s", "released": the steps it no longer holds})."""
+    """The checkpoint steps retention must keep: those an active schedule of the run still has to evaluate, while
+    its scheduler holds its lease (renewed within `lease_s` seconds); and the active schedules whose lease lapsed
+    since they last held (each marked `lease_lapsed` once, returned as {"schedule", "idle_s", "released": the steps
+    it no longer holds})."""
     steps = list(steps)
     held: set[int] = set()
     lapsed: list[dict] = []

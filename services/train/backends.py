@@ -160,7 +160,7 @@ class XlaBackend:
     @contextlib.contextmanager
     def step_batches(self, host_steps: Iterator[HostStep]) -> Iterator[Iterator[HostStep]]:
         """A background thread pads and copies the micro-batches to the device ahead of the step; the rows go
-        through a FIFO beside it (for ALBERT_TRACE_EXAMPLES)."""
+        through a FIFO beside it (for the step callbacks, services.train.callbacks)."""
         rows_read: deque[tuple[list[dict[str, np.ndarray]], int]] = deque()
 
         def host() -> Iterator[dict[str, torch.Tensor]]:

@@ -14,7 +14,7 @@ On CUDA (`pin`) the micro-batches arrive in pinned memory (the thread that makes
 `tensor.to(device, non_blocking=True)` in the step copies without blocking the host.
 
 Every item is (rows, micro-batches) as `host_steps` yields it, each micro-batch's rows cut down to their example
-ids (what the loop reads of them: ALBERT_TRACE_EXAMPLES).
+ids (what the loop reads of them: its step callbacks, services.train.callbacks).
 """
 
 from __future__ import annotations

@@ -24,15 +24,11 @@ from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints, read_
 from services.rundir.config import RunConfig
 from services.rundir.config import config_hash as config_hash_of
 from services.rundir.sections import TrainSection
+from services.train.callbacks import StepCallback, installed_callbacks
 
 log = logging.getLogger(__name__)
 
 COLUMNS = [f.name for f in EXAMPLE_SCHEMA]
-
-STOP_ENV = "ALBERT_STOP_AFTER_STEP"  # simulate a crash right after step N (tests of resume)
-# Debug, opt-in: a directory where every worker appends one line per step it starts, holding the example ids of
-# that step, to `rank<r>.jsonl` (services.train.worker.trace_step). A step redone after a failure is appended again.
-TRACE_ENV = "ALBERT_TRACE_EXAMPLES"
 
 
 def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_run: bool = False) -> WorkerPlan:
@@ -60,9 +56,6 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
 
         check_init_source(init_from, config.model_config(ids.vocab_size))
     run_dir = prepare_run_dir(config, resume=resume, dry_run=dry_run)
-    stop_after, trace = os.environ.get(STOP_ENV), os.environ.get(TRACE_ENV)
-    if trace and not dry_run:
-        Path(trace).mkdir(parents=True, exist_ok=True)
     return WorkerPlan(
         config=config,
         run_dir=str(run_dir),
@@ -72,9 +65,8 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
         pjrt_device=pjrt_device,
         init_from=str(init_from) if init_from else None,
         init_data_position=init_data_position(init_from) if config.data.continue_from_init else None,
-        stop_after_step=int(stop_after) if stop_after else None,
-        trace_examples=str(Path(trace).resolve()) if trace else None,
         unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
+        callbacks=installed_callbacks(),
     )
 
 
@@ -361,8 +353,7 @@ class WorkerPlan:
     init_from: str | None = None  # model.init_from, resolved
     init_data_position: int | None = None  # data.continue_from_init: the source run's examples seen
     unigram_dir: str | None = None  # model.mlm_bias_init = "unigram": the shard set holding unigram.npy
-    stop_after_step: int | None = None  # ALBERT_STOP_AFTER_STEP: simulate a crash right after this step
-    trace_examples: str | None = None  # ALBERT_TRACE_EXAMPLES: a directory for per-step example-id traces
+    callbacks: tuple[StepCallback, ...] = ()  # installed in the driver's process (services.train.callbacks)
 
     @property
     def checkpoints(self) -> Path:

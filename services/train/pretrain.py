@@ -15,7 +15,6 @@ from services.cluster import connect, coordinator_name
 from services.rundir.config import RunConfig
 from services.rundir.report import LiveView, write_report
 from services.rundir.resume import describe_changes
-from services.terminal import raise_on_sigterm
 from services.train.coordinator import get_or_create_coordinator
 from services.train.driver import TrainResult, launch, prepare_run
 
@@ -43,8 +42,7 @@ def pretrain(
         return prepared.finished
     for line in describe_changes(prepared.changes):
         print(f"albert: resuming {config.run.name} with a changed config: {line}", file=sys.stderr)
-    connect(address)  # every check above ran before Ray started
-    raise_on_sigterm()  # ray.init put Ray's handler in its place (fit keeps SIGTERM a graceful stop meanwhile)
+    connect(address, worker_logs=False)  # every check above ran before Ray started; a SIGTERM stops gracefully
     run_dir = config.run_dir.resolve()
     keep_tokenizer_with_run(Path(config.data.shards), run_dir)
     coordinator = get_or_create_coordinator(run_dir, config.run.name, config.to_dict())

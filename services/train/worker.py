@@ -21,15 +21,12 @@ training time, and after each step the learning-rate schedule moves to the share
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import shutil
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,17 +47,13 @@ from services.train.follow import (
 )
 from services.train.input import InputPlan, open_input
 from services.train.interrupt import stop_gracefully_on_sigterm
-from services.train.plan import STOP_ENV, ShardSet, WorkerPlan, config_hash
+from services.train.plan import ShardSet, WorkerPlan, config_hash
 from services.train.record import RunRecord, open_record
 from services.train.state import TrainerState
 from services.train.step import StepStats, initial_model, optimizer_for, step_seed
 
 log = logging.getLogger(__name__)
 RECENT_LOSSES = 20
-
-
-class SimulatedCrash(RuntimeError):
-    """Raised by every worker right after step ALBERT_STOP_AFTER_STEP (and its checkpoint, if any)."""
 
 
 @dataclass
@@ -286,9 +279,8 @@ def input_steps(worker: Worker, state: TrainerState) -> Iterator[Iterator]:
 
 
 def before_step(worker: Worker, model, state: TrainerState, step: int, rows) -> None:
-    if worker.plan.trace_examples:  # before the step: a worker killed inside it leaves the line, and redoes it
-        trace_step(Path(worker.plan.trace_examples) / f"rank{worker.rank}.jsonl", step=step, epoch=state.epoch,
-                   rank=worker.rank, rows=rows)  # fmt: skip
+    for callback in worker.plan.callbacks:  # services.train.callbacks
+        callback.before_step(step=step, epoch=state.epoch, rank=worker.rank, rows=rows)
     removal = worker.plan.config.train.dropout_removal_step
     if removal and step >= removal and state.dropout != 0.0:
         model.set_dropout(0.0)
@@ -378,8 +370,8 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
         fields = {k: v for k, v in notice.items() if k != "new"}
         worker.record.event(step, "preemption_notice", **fields, checkpoint_step=step)
         log.warning("nodes %s are being preempted; saved a checkpoint at step %d", notice["nodes"], step)
-    if worker.plan.stop_after_step == step and step > worker.started_at:
-        raise SimulatedCrash(f"{STOP_ENV}={step}: stopping after step {step} to simulate a crash")
+    for callback in worker.plan.callbacks:  # services.train.callbacks
+        callback.after_step(step=step, rank=worker.rank, started_at=worker.started_at)
     if ends == "budget":
         log.info("train.max_seconds=%s spent at step %d: the run ends here", t.max_seconds, step)
     elif ends is not None and worker.record is not None:
@@ -474,19 +466,3 @@ def _from_rank0_numbers(values: list[float], distributed: bool) -> list[float]:
     numbers = torch.tensor(values, dtype=torch.float64, device=device)
     dist.broadcast(numbers, src=0)
     return numbers.tolist()
-
-
-def trace_step(path: Path, *, step: int, epoch: int, rank: int, rows) -> None:
-    """Append {"step", "epoch", "rank", "pid", "time", "example_ids"} as a step starts (ALBERT_TRACE_EXAMPLES).
-
-    Written before the step, so every step a worker trained has its line, even when the worker dies right after the
-    step while another rank's checkpoint keeps it. A step redone after a failure is appended again: the last line
-    of each (rank, step) is the attempt that counted. One O_APPEND write per line: lines are whole or absent.
-    """
-    ids = [int(i) for r in rows for i in r["example_id"]]
-    record = {"step": step, "epoch": epoch, "rank": rank, "pid": os.getpid(), "time": time.time(), "example_ids": ids}
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)

@@ -30,12 +30,15 @@ from safetensors.torch import load_file  # noqa: E402
 from albert_core.examples.shards import EXAMPLE_SCHEMA, example_id  # noqa: E402
 from albert_core.model.checkpoint import load_model  # noqa: E402
 from albert_core.model.config import ConfigError  # noqa: E402
+from services.cluster import connect  # noqa: E402
 from services.rundir.checkpoints import latest_good, list_checkpoints, verify
 from services.rundir.config import RunConfig  # noqa: E402
 from services.rundir.log import read_metrics as read_log  # noqa: E402
 from services.rundir.sections import TrainSection  # noqa: E402
-from services.train.plan import STOP_ENV, TRACE_ENV, pjrt_device_for  # noqa: E402
-from tests.runs import run_training  # noqa: E402
+from services.train.callbacks import installed  # noqa: E402
+from services.train.plan import pjrt_device_for
+from tests.runs import run_training
+from tests.worker_callbacks import CrashAfterStep, TraceExamples, crash_message  # noqa: E402
 
 
 def read_metrics(path) -> list[dict]:
@@ -116,7 +119,7 @@ def ray_cluster():
     assert os.environ.get("PJRT_DEVICE") == "CPU"  # tests/xla/conftest.py: the driver asks for PJRT CPU
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False)
+        connect(num_cpus=2)  # as tests/conftest.py's ray_local
     yield ray
     if started:
         ray.shutdown()
@@ -143,9 +146,8 @@ def two_workers_cpu_and_xla(ray_cluster, shards, tmp_path_factory):
     runs = {}
     for backend in ("cpu", "xla"):
         trace = out / f"trace-{backend}"
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(TRACE_ENV, str(trace))
-            config = run_config(out, shards, f"two-{backend}", backend=backend, workers=2, steps=4)
+        config = run_config(out, shards, f"two-{backend}", backend=backend, workers=2, steps=4)
+        with installed(TraceExamples(trace)):
             runs[backend] = (run_training(config, resume=False), trace)
     return runs
 
@@ -158,10 +160,8 @@ def xla_crashed_then_resumed(ray_cluster, shards, tmp_path_factory):
     uninterrupted run would cost): resuming mid-epoch 1 redoes them from the checkpoint, and removes dropout at 5.
     """
     config = run_config(tmp_path_factory.mktemp("resume"), shards, "crashy", backend="xla", dropout=True)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(STOP_ENV, "5")
-        with pytest.raises(Exception, match=STOP_ENV):
-            run_training(config, resume=False)
+    with installed(CrashAfterStep(5)), pytest.raises(Exception, match=crash_message(5)):
+        run_training(config, resume=False)
     crashed = read_metrics(config.run_dir / "metrics.jsonl")
     resumed = run_training(config, resume=True)
     return crashed, resumed

@@ -1,4 +1,5 @@
-"""Corpora of any size made from real text, for scale tests and benchmarks (nothing downloaded at run time).
+"""Synthetic data for tests and benchmarks (bench/ imports it too): corpora of any size made from real text, and
+random shards (nothing downloaded at run time).
 
 `distinct_documents` draws documents from the paragraphs of a source corpus (the sample corpus: State of the
 Union addresses, Moby-Dick, Wikipedia articles): each is a seeded random run of paragraphs, its sentences
@@ -10,6 +11,9 @@ are written in the shapes users bring:
 - `write_multistream_dump`: a MediaWiki XML export compressed as a bzip2 multistream dump with its index, the
   shape of Wikipedia's `*-pages-articles-multistream.xml.bz2` (a stream per 100 pages, plus a header and a closing
   stream; the index lists `offset:page_id:title` per page).
+
+`write_random_shards` writes training shards of random token ids in the shard format (albert_core.examples.shards),
+for tests and benchmarks that need shards but not real text.
 """
 
 from __future__ import annotations
@@ -22,8 +26,12 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from albert_core.text.corpus import Document, list_inputs, read_documents
+from albert_core.examples.shards import EXAMPLE_SCHEMA, example_id
+from albert_core.text.corpus import list_inputs, read_documents
+from albert_core.text.records import Document
 
 PAGES_PER_STREAM = 100  # as Wikipedia's multistream dumps
 MAX_PARAGRAPH_CHARS = 8000  # longer source paragraphs (a speech without blank lines) are cut at sentence ends
@@ -158,3 +166,23 @@ def _page(page_id: int, title: str, text: str) -> str:
         f'    <revision>\n      <id>{page_id}</id>\n      <text xml:space="preserve">{escape(text)}</text>\n'
         "    </revision>\n  </page>\n"
     )
+
+
+def write_random_shards(
+    train_dir: Path, rows_per_file: tuple[int, ...], *, vocab_size: int, rng: np.random.Generator
+) -> None:
+    """Random [CLS] A [SEP] B [SEP] rows in the EXAMPLE_SCHEMA, `rows_per_file[i]` in shard i."""
+    train_dir.mkdir(parents=True)
+    for shard, n_rows in enumerate(rows_per_file):
+        rows: dict[str, list] = {name: [] for name in EXAMPLE_SCHEMA.names}
+        for row in range(n_rows):
+            n_a, n_b = rng.integers(4, 13, size=2)
+            ids = [2, *rng.integers(5, vocab_size, n_a), 3, *rng.integers(5, vocab_size, n_b), 3]
+            starts = rng.random(len(ids)) < 0.7
+            starts[[0, 1, n_a + 1, n_a + 2, len(ids) - 1]] = True
+            rows["example_id"].append(example_id(shard, row))
+            rows["input_ids"].append(ids)
+            rows["token_type_ids"].append([0] * (n_a + 2) + [1] * (n_b + 1))
+            rows["word_starts"].append(starts.tolist())
+            rows["pair_label"].append(int(rng.integers(0, 2)))
+        pq.write_table(pa.table(rows, schema=EXAMPLE_SCHEMA), train_dir / f"shard-{shard:05d}.parquet")
