@@ -58,3 +58,15 @@ def test_the_suite_runs_outside_the_checkout():
     by `bash scripts/main.sh` are not what a test's relative paths resolve to."""
     assert not Path.cwd().resolve().is_relative_to(ROOT)
     assert not (Path.cwd() / ".cache").exists()
+
+
+def test_the_design_names_an_existing_owner_for_each_concept():
+    design = (ROOT / "docs" / "design.md").read_text()
+    owners = design.split("## One owner for each concept", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in owners.splitlines() if line.startswith("| ") and not line.startswith("| concept")]
+    concepts = {row.split("|")[1].strip() for row in rows}
+    for concept in ("a run's checkpoints", "evaluation on a run", "from a command to the workers", "Ray start-up"):
+        assert concept in concepts
+    assert {"the example shape", "the masks"} <= concepts
+    named = set(re.findall(r"`((?:albert_core|services|tests)/[\w/]+\.py)", design))
+    assert [path for path in sorted(named) if not (ROOT / path).is_file()] == []
