@@ -1,4 +1,5 @@
-"""The run coordinator actor: metrics log, checkpoint verification and retention, scheduled evaluations, recovery.
+"""The run coordinator actor: metrics log, checkpoint verification and retention, the run's own evaluations (its
+schedule "recipe", run by the coordinator), recovery.
 
 Real Ray (the session's local instance), real checkpoint directories (tiny models saved with save_model plus a
 MANIFEST.json), a real held-out Parquet file. No training.
@@ -23,11 +24,15 @@ from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
 from services import RAY_NAMESPACE
 from services.eval.evaluate import UnknownTask
+from services.eval.schedule import Scheduler, evaluator_prefix
+from services.rundir import schedules
 from services.rundir.checkpoints import verify_checkpoint
 from services.rundir.cli import run_status
 from services.rundir.config import RunConfig
+from services.rundir.evaluations import recipe_spec
 from services.rundir.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger, read_status
-from services.train.coordinator import evaluator_name, get_or_create_coordinator
+from services.rundir.schedules import RECIPE
+from services.train.coordinator import get_or_create_coordinator
 
 VOCAB = 64
 TOKEN = 9  # every held-out token: a model biased to it predicts every masked token right
@@ -77,15 +82,20 @@ def events(run_dir: Path, name: str) -> list[dict]:
     return [line for line in metrics_lines(run_dir) if line["kind"] == "event" and line["event"] == name]
 
 
-def evaluator_handle(run_name: str, step: int, launch: int, timeout: float = 30.0):
+def evaluator_handle(run_dir: Path, step: int, timeout: float = 60.0):
+    """The live evaluator of a step of the run's own schedule, once it is launched."""
+    prefix = evaluator_prefix(run_dir, RECIPE, step)
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            return ray.get_actor(evaluator_name(run_name, step, launch), namespace=RAY_NAMESPACE)
-        except ValueError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+        if names:
+            return ray.get_actor(names[0], namespace=RAY_NAMESPACE)
+        assert time.monotonic() < deadline, f"no evaluator of step {step} was launched"
+        time.sleep(0.05)
+
+
+def counts(pending: int = 0, done: int = 0, failed: int = 0, missing: int = 0) -> dict[str, int]:
+    return {"pending": pending, "done": done, "failed": failed, "missing": missing}
 
 
 class Run:
@@ -247,7 +257,7 @@ def test_retention_also_keeps_the_best_checkpoint_by_heldout_mlm_accuracy(make_r
     paths = {step: run.checkpoint(step, model) for step, model in models.items()}
     for step, path in paths.items():
         run.call("checkpoint_saved", step, path)
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 2, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=2)
     status = run.call("status")
     assert [c["step"] for c in status["checkpoints"]] == [200, 400]
     assert status["best_checkpoint"] == paths[200]
@@ -284,7 +294,7 @@ def test_a_checkpoint_on_the_eval_schedule_gets_an_eval_line_with_the_three_accu
     run = make_run(eval={"every_steps": 100})
     assert run.call("checkpoint_saved", 100, run.checkpoint(100, tiny_model(knows_the_token=True)))["eval_scheduled"]
     assert not run.call("checkpoint_saved", 150, run.checkpoint(150))["eval_scheduled"]
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=1)
     (line,) = [line for line in metrics_lines(run.dir) if line["kind"] == "eval"]
     assert line["step"] == 100
     assert line["mlm_acc"] == 1.0
@@ -310,26 +320,27 @@ def test_evaluators_of_eval_cpus_0_run_while_training_holds_every_cpu_and_those_
         waiting, beside = make_run(eval={"every_steps": 100}), make_run(eval={"every_steps": 100, "cpus": 0})
         for run in (waiting, beside):
             assert run.call("checkpoint_saved", 100, run.checkpoint(100))["eval_scheduled"]
-        assert beside.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
-        assert waiting.call("wait_for_evals", 2) == {"pending": 1, "done": 0, "failed": 0}
+        assert beside.call("wait_for_evals", 120) == counts(done=1)
+        assert waiting.call("wait_for_evals", 2) == counts(pending=1)
     finally:
         ray.kill(holder, no_restart=True)
-    assert waiting.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}  # once the CPUs are free
+    assert waiting.call("wait_for_evals", 120) == counts(done=1)  # once the CPUs are free
 
 
 def test_a_reopened_coordinator_relaunches_pending_evaluations_only_once_training_reports(make_run):
     """A resumed run's evaluations left pending must not take the CPUs its workers are about to ask for."""
     run = make_run(eval={"every_steps": 100}, train={"num_workers": 2, "global_batch_size": 64})
     run.call("checkpoint_saved", 100, run.checkpoint(100))
+    evaluator = evaluator_handle(run.dir, 100)
     ray.kill(run.actor, no_restart=True)  # the driver's Ctrl-C: the coordinator goes, its evaluation stays pending
-    ray.kill(evaluator_handle(run.name, 100, launch=1), no_restart=True)
+    ray.kill(evaluator, no_restart=True)
     run.actor = get_or_create_coordinator(run.dir, run.name, run.config)
     assert run.call("status")["evals"]["pending"] == [100]
     holder = CpuHolder.options(num_cpus=2).remote()  # the resumed run's 2 training workers
     try:
         ray.get(holder.ready.remote(), timeout=60)
         run.call("report", 110, {"loss": 1.0})  # training has its workers: now the evaluation may run, beside it
-        assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+        assert run.call("wait_for_evals", 120) == counts(done=1)
     finally:
         ray.kill(holder, no_restart=True)
     assert events(run.dir, "eval_cpus_shared")[0]["training_cpus"] == 2
@@ -339,7 +350,7 @@ def test_the_checkpoint_at_total_steps_is_evaluated_off_the_schedule(make_run):
     run = make_run(eval={"every_steps": 0}, optim={"total_steps": 120, "warmup_steps": 10})
     assert not run.call("checkpoint_saved", 100, run.checkpoint(100))["eval_scheduled"]
     assert run.call("checkpoint_saved", 120, run.checkpoint(120))["eval_scheduled"]
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=1)
     assert run.call("status")["evals"]["done"] == [120]
 
 
@@ -352,9 +363,9 @@ def test_a_checkpoint_marked_final_is_evaluated_off_the_schedule(make_run):
 def test_an_evaluator_that_dies_is_relaunched(make_run):
     run = make_run(eval={"every_steps": 100})
     run.call("checkpoint_saved", 100, run.checkpoint(100))
-    ray.kill(evaluator_handle(run.name, 100, launch=1))
+    ray.kill(evaluator_handle(run.dir, 100))
     run.call("report", 110, {"loss": 1.0})  # training calls go on while the evaluation is retried
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=1)
     assert [e["deaths"] for e in events(run.dir, "eval_retried")] == [1]
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
 
@@ -363,7 +374,7 @@ def test_an_evaluation_that_raises_is_recorded_as_failed_and_the_run_goes_on(mak
     run = make_run(eval={"every_steps": 100})
     # A model whose vocabulary does not hold the held-out token ids: the evaluation raises.
     run.call("checkpoint_saved", 100, run.checkpoint(100, tiny_model(vocab_size=8)))
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 0, "failed": 1}
+    assert run.call("wait_for_evals", 120) == counts(failed=1)
     (failure,) = events(run.dir, "eval_failed")
     assert f"token id {TOKEN} outside the vocabulary" in failure["reason"]
     run.call("report", 120, {"loss": 1.0})
@@ -382,7 +393,7 @@ def test_a_killed_coordinator_restarts_from_its_state_file_with_nothing_lost(mak
     ray.kill(run.actor, no_restart=False)
     after = run.call("status")  # waits for the restart
     assert after == before
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=1)
     run.call("report", 110, {"loss": 1.5})
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "train"] == [90, 110]
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
@@ -418,10 +429,16 @@ def test_a_stop_request_outlives_a_coordinator_restart_but_not_its_run(make_run)
     assert [e["step"] for e in events(run.dir, "stop_requested")] == [40]
 
 
+def recipe_scheduler(run_dir: Path, config: RunConfig) -> Scheduler:
+    """The run's own schedule as its coordinator adopts it, and its scheduler (observing needs no Ray)."""
+    schedules.adopt(run_dir, recipe_spec(config, run_dir / "heldout.parquet"))
+    return Scheduler(run_dir, RECIPE)
+
+
 def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed_again_on_reopen(tmp_path):
     """A coordinator killed between the checkpoint_saved line and its state write: the reopened ledger takes the
-    checkpoint back from the log (resume starts from it, its evaluation is due), unless it was deleted since or
-    does not verify."""
+    checkpoint back from the log (resume starts from it), unless it was deleted since or does not verify; the run's
+    schedule, which reads the log itself, has its evaluation due (the damaged one fails its verification)."""
     config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "eval": {"every_steps": 100}})
     run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
     ledger = RunLedger(run_dir, "r", config.to_dict())
@@ -433,15 +450,19 @@ def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed
     reopened = RunLedger(run_dir, "r", config.to_dict())
     assert [c.step for c in reopened.state.checkpoints] == [100, 200]
     assert reopened.latest_good_checkpoint() == str(checkpoints / "step_200")
-    assert [e.step for e in reopened.pending_evals()] == [100, 200]
     assert [line["step"] for line in events(run_dir, "checkpoint_reindexed")] == [200]
     assert [c.step for c in RunLedger(run_dir, "r", config.to_dict()).state.checkpoints] == [100, 200]  # once
+    scheduler = recipe_scheduler(run_dir, config)
+    assert scheduler.observe()[0].pending == [100, 200, 300]
+    scheduler.launch(300)
+    state = schedules.load(run_dir, RECIPE)
+    assert state.pending == [100, 200] and "model.safetensors: checksum mismatch" in state.failed[300]
 
 
 def test_a_final_checkpoint_indexed_again_on_reopen_keeps_its_final_evaluation(tmp_path):
     """The budget (or a stop) ends a run off the eval schedule; its coordinator is killed between the final
-    checkpoint's checkpoint_saved line and the state write: the reopened ledger still evaluates it off the schedule
-    and knows the run finished (no stalled event)."""
+    checkpoint's checkpoint_saved line and the state write: the reopened ledger knows the run finished (no stalled
+    event) and the run's schedule still evaluates it off the every_steps schedule."""
     config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "eval": {"every_steps": 100}})
     run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
     ledger = RunLedger(run_dir, "r", config.to_dict())
@@ -451,8 +472,8 @@ def test_a_final_checkpoint_indexed_again_on_reopen_keeps_its_final_evaluation(t
     (run_dir / "coordinator.json").write_bytes(before)  # the state write the kill prevented
     reopened = RunLedger(run_dir, "r", config.to_dict())
     assert [c.step for c in reopened.state.checkpoints] == [100, 130]
-    assert [e.step for e in reopened.pending_evals()] == [100, 130]
     assert reopened.state.finished
+    assert recipe_scheduler(run_dir, config).observe()[0].pending == [100, 130]
 
 
 def test_read_status_reads_the_run_without_its_coordinator(make_run):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 
 import pytest
@@ -13,6 +14,11 @@ from services.rundir.schedules import RESULT_KIND, ScheduleSpec, ScheduleState
 
 def spec(name: str = "every-10", every: int = 10, **fields) -> ScheduleSpec:
     return ScheduleSpec(name=name, every=every, heldout="/shards/heldout/documents.parquet", **fields)
+
+
+def held(run_dir, steps) -> set[int]:
+    """The steps the run's schedules hold from retention (their schedulers' leases taken as renewed)."""
+    return schedules.held_and_lapsed(run_dir, steps, math.inf)[0]
 
 
 def result_line(name: str, step: int) -> dict:
@@ -84,13 +90,13 @@ def test_attaching_with_another_job_under_the_same_name_is_refused(tmp_path):
 
 def test_a_cancelled_schedule_holds_no_checkpoint_and_cannot_be_attached_again(tmp_path):
     schedules.create_or_attach(tmp_path, spec())
-    assert schedules.held_steps(tmp_path, [10, 20, 25]) == {10, 20}
+    assert held(tmp_path, [10, 20, 25]) == {10, 20}
 
     def cancel(state):
         state.cancelled = True
 
     schedules.update(tmp_path, "every-10", cancel)
-    assert schedules.held_steps(tmp_path, [10, 20, 25]) == set()
+    assert held(tmp_path, [10, 20, 25]) == set()
     with pytest.raises(ValueError, match="cancelled"):
         schedules.create_or_attach(tmp_path, spec())
 
@@ -98,7 +104,7 @@ def test_a_cancelled_schedule_holds_no_checkpoint_and_cannot_be_attached_again(t
 def test_an_unreadable_schedule_file_holds_nothing_and_does_not_stop_a_status(tmp_path):
     schedules.create_or_attach(tmp_path, spec("good"))
     (tmp_path / "schedules" / "bad.json").write_text("{")
-    assert schedules.held_steps(tmp_path, [10]) == {10}
+    assert held(tmp_path, [10]) == {10}
     assert [s["name"] for s in schedules.summaries(tmp_path)] == ["good"]
 
 

@@ -14,13 +14,23 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from albert_core.files import METRICS_FILE, atomic_write_bytes, file_lock
 
-__all__ = ["METRICS_FILE", "append", "drop_train_lines_from", "follow", "read_metrics", "repair"]
+__all__ = [
+    "METRICS_FILE",
+    "append",
+    "append_event",
+    "drop_train_lines_from",
+    "follow",
+    "plain",
+    "read_metrics",
+    "repair",
+]
 log = logging.getLogger(__name__)
 LOCK_FILE = f".{METRICS_FILE}.lock"
 
@@ -58,6 +68,24 @@ def append(run_dir: str | Path, record: dict[str, Any]) -> None:
     with file_lock(Path(run_dir) / LOCK_FILE), open(Path(run_dir) / METRICS_FILE, "a") as f:
         f.write(line)
         f.flush()
+
+
+def append_event(run_dir: str | Path, step: int, event: str, **fields: Any) -> None:
+    """Append a run event line."""
+    append(run_dir, {"step": step, "time": time.time(), "kind": "event", "event": event, **fields})
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready copy of a line's values: numpy / torch scalars become Python numbers, keys become strings."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if hasattr(value, "item"):
+        return value.item()
+    raise ValueError(f"metrics value {value!r} ({type(value).__name__}) is not a number, string, list or dict")
 
 
 def repair(run_dir: str | Path) -> int:
