@@ -23,13 +23,14 @@ from albert_core.model.checkpoint import save_model
 from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
 from services import RAY_NAMESPACE
+from services.cli import main
 from services.eval.evaluate import UnknownTask
 from services.eval.schedule import Scheduler, evaluator_prefix
 from services.rundir import schedules
 from services.rundir.checkpoints import verify_checkpoint
 from services.rundir.cli import run_status
 from services.rundir.config import RunConfig
-from services.rundir.evaluations import recipe_spec
+from services.rundir.evaluations import recipe_spec, record_result
 from services.rundir.ledger import HEARTBEAT_FILE, LIVE_WITHIN_S, RunLedger, read_status
 from services.rundir.schedules import RECIPE
 from services.train.coordinator import get_or_create_coordinator
@@ -474,6 +475,62 @@ def test_a_final_checkpoint_indexed_again_on_reopen_keeps_its_final_evaluation(t
     assert [c.step for c in reopened.state.checkpoints] == [100, 130]
     assert reopened.state.finished
     assert recipe_scheduler(run_dir, config).observe()[0].pending == [100, 130]
+
+
+def test_retention_keeps_the_checkpoints_the_runs_evaluations_need_and_then_only_the_best(tmp_path):
+    """keep_last 1, evaluations every 100 steps: a checkpoint waiting for its evaluation stays; once the evaluations
+    are done, the best by held-out MLM accuracy stays, the others go."""
+    config = RunConfig.from_dict(
+        {"run": {"name": "r", "output_dir": str(tmp_path)}, "train": {"keep_last": 1}, "eval": {"every_steps": 100}}
+    )
+    run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
+    ledger = RunLedger(run_dir, "r", config.to_dict())
+    scheduler = recipe_scheduler(run_dir, config)
+    for step in (100, 150, 200):
+        ledger.checkpoint_saved(step, write_checkpoint(checkpoints / f"step_{step}", step))
+        scheduler.observe()  # as the coordinator has the run's schedule do after each save
+    assert [c.step for c in ledger.state.checkpoints] == [100, 200]
+    for step, acc in ((100, 0.3), (200, 0.2)):
+        record_result(run_dir, scheduler.spec, config, step, str(checkpoints / f"step_{step}"), {"mlm_acc": acc})
+    ledger.checkpoint_saved(250, write_checkpoint(checkpoints / "step_250", 250))
+    assert [c.step for c in ledger.state.checkpoints] == [100, 250]
+    assert read_status(run_dir)["best_checkpoint"] == str(checkpoints / "step_100")
+
+
+def test_a_run_made_before_its_evaluations_were_a_schedule_keeps_them(tmp_path, capsys):
+    """coordinator.json as the code before this one wrote it, with the ledger's `evals`: opened again, they are the
+    run's schedule's (one evaluations_moved event), the status reads the same, and nothing is evaluated twice."""
+    config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "eval": {"every_steps": 100}})
+    run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
+    ledger = RunLedger(run_dir, "r", config.to_dict())
+    paths = {step: write_checkpoint(checkpoints / f"step_{step}", step) for step in (100, 200, 300)}
+    for step, path in paths.items():
+        ledger.checkpoint_saved(step, path)
+    metrics = {"mlm_acc": 0.5, "mlm_loss": 2.0, "sop_acc": 0.6, "nsp_acc": 0.7}
+    old = json.loads((run_dir / "coordinator.json").read_text())
+    old["evals"] = [
+        {"step": 100, "path": paths[100], "status": "done", "metrics": metrics, "error": None, "launches": 1,
+         "deaths": 0},
+        {"step": 200, "path": paths[200], "status": "failed", "metrics": None, "error": "boom", "launches": 1,
+         "deaths": 0},
+        {"step": 300, "path": paths[300], "status": "pending", "metrics": None, "error": None, "launches": 0,
+         "deaths": 0},
+    ]  # fmt: skip
+    old["last_eval_scheduled"], old["plateau"] = 300, False
+    (run_dir / "coordinator.json").write_text(json.dumps(old))
+
+    RunLedger(run_dir, "r", config.to_dict())
+    status = read_status(run_dir)
+    assert status["evals"] == {"pending": [300], "done": [100], "failed": [200], "missing": []}
+    assert status["best_checkpoint"] == paths[100] and status["checkpoints"][0]["eval"] == metrics
+    assert "evals" not in json.loads((run_dir / "coordinator.json").read_text())
+    RunLedger(run_dir, "r", config.to_dict())
+    (moved,) = events(run_dir, "evaluations_moved")
+    assert moved["count"] == 3 and moved["to"] == str(run_dir / "schedules" / "recipe.json")
+    state = recipe_scheduler(run_dir, config).observe()[0]
+    assert state.pending == [300] and state.failed == {200: "boom"}  # 200 is tried again only once saved again
+    assert main(["eval", "list", str(run_dir)]) == 0
+    assert "recipe: every 100 and at the end, 1 done, 1 pending, 0 missing, 1 failed" in capsys.readouterr().out
 
 
 def test_read_status_reads_the_run_without_its_coordinator(make_run):

@@ -75,6 +75,7 @@ def ledger_run(tmp_path) -> RunLedger:
             EXIT_DATA,
         ),
         (["eval", "schedule", "{run}", "--every", "4", "--name", "a/b"], "--name 'a/b'", EXIT_DATA),
+        (["eval", "schedule", "{run}", "--every", "4", "--name", "recipe"], "the run's own evaluations", EXIT_USAGE),
         (["eval", "cancel", "{run}", "nothing"], "no schedule 'nothing' on this run", EXIT_DATA),
     ],
 )

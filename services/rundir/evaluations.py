@@ -119,8 +119,10 @@ def migrate_ledger_evaluations(run_dir: str | Path, config: RunConfig, evals: li
                 state.mark_done(step, path, entry.get("metrics"))
             elif entry["status"] == "failed":
                 state.mark_failed(step, str(entry.get("error") or ""), checkpoint_identity(path))
-            elif not state.covers(step):
-                state.extra_steps = sorted({*state.extra_steps, step})
+            else:
+                state.pending = sorted({*state.pending, step})
+                if not state.covers(step):
+                    state.extra_steps = sorted({*state.extra_steps, step})
 
     schedules.update(run_dir, RECIPE, take)
     return len(evals)
