@@ -23,8 +23,9 @@ import ray
 
 from services.rundir.config import RunConfig
 
-# torch is imported where evaluation runs (inside the functions below), not here: the coordinator imports this
-# module for the actor class and its options and stays a light process that (re)starts in a second.
+# torch is imported where evaluation runs (inside the functions below), not here: the scheduler (services.eval.schedule,
+# in the run's coordinator or a schedule's runner) imports this module for the actor class and its options and stays
+# a light process that (re)starts in a second.
 if TYPE_CHECKING:
     from torch import nn
 

@@ -1,12 +1,13 @@
 """The run's metrics log, `<run_dir>/metrics.jsonl`: its one name, its one writer and its readers.
 
 One JSON object per line with "step", "time" and "kind": "train" (what the train loop reported), "eval"
-(held-out and downstream metrics of a checkpoint) or "event" (run events: resumes, dropout changes, checkpoints
-saved / refused / deleted, training health, evaluation failures). Lines are appended whole with one write; a
-line torn by a crash is cut off when the log is next opened for writing (`repair`) and skipped by readers.
-Writers in other processes (an evaluation schedule, services.eval.schedule, beside the run's coordinator) take the log's
-advisory lock (`.metrics.jsonl.lock`) for every append and rewrite, so an append never lands in a copy that a
-rewrite is about to replace.
+(held-out and downstream metrics of a checkpoint, the run's own evaluations), "schedule_eval" (those of another
+evaluation schedule, with its name) or "event" (run events: resumes, dropout changes, checkpoints saved / refused /
+deleted, training health, evaluation failures). Lines are appended whole with one write; a line torn by a crash is
+cut off when the log is next opened for writing (`repair`) and skipped by readers. Writers in other processes and
+threads (the evaluation schedulers, services.eval.schedule, beside the run's ledger) take the log's advisory lock
+(`.metrics.jsonl.lock`) for every append and rewrite, so an append never lands in a copy that a rewrite is about to
+replace.
 """
 
 from __future__ import annotations

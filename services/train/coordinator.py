@@ -109,7 +109,7 @@ class Coordinator:
         while True:
             state, _ = self.scheduler.observe()
             remaining = None if deadline is None else deadline - time.monotonic()
-            if not state.pending or not state.active() or (remaining is not None and remaining <= 0):
+            if not state.pending or state.cancelled or (remaining is not None and remaining <= 0):
                 break
             time.sleep(0.2 if remaining is None else min(0.2, remaining))
         self.ledger.apply_retention()
