@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    """What a schedule evaluates; fixed when it is created (attaching again with another spec is refused)."""
+    """What a schedule evaluates; fixed when it is created (attaching again with another spec is refused), but for
+    the run's own, RECIPE, whose spec follows the recipe's [eval] (`adopt`)."""
 
     name: str
     every: int
@@ -95,7 +96,7 @@ class ScheduleState:
     metrics: dict[int, dict[str, Any]] = field(default_factory=dict)  # step done -> its result's metrics
     missing: dict[int, str] = field(default_factory=dict)  # step -> why it could not be evaluated
     failed: dict[int, str] = field(default_factory=dict)  # step -> the evaluation's error
-    pending: list[int] = field(default_factory=list)  # matching checkpoints seen on disk, not settled yet
+    pending: list[int] = field(default_factory=list)  # covered checkpoints seen on disk, not settled yet
     # step -> the checkpoint (checkpoint_identity; "" when none was on disk) a missing or failed step was settled on:
     # one saved again at that step since (a resume) is due again
     settled_as: dict[int, str] = field(default_factory=dict)
