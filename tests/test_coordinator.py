@@ -1,4 +1,5 @@
-"""The run coordinator actor: metrics log, checkpoint verification and retention, scheduled evaluations, recovery.
+"""The run coordinator actor: metrics log, checkpoint verification and retention, the run's own evaluations (its
+schedule "recipe", run by the coordinator), recovery.
 
 Real Ray (the session's local instance), real checkpoint directories (tiny models saved by the train loop's own
 save_train_state), a real held-out Parquet file. No training.
@@ -17,19 +18,24 @@ import ray
 import torch
 
 from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA
-from albert_core.files import CHECKSUM_FILE, METRICS_FILE, CorruptCheckpoint
+from albert_core.files import CHECKSUM_FILE, LEGACY_CHECKSUM_FILE, METRICS_FILE, CorruptCheckpoint
 from albert_core.model.checkpoint import save_model
 from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer
 from services import RAY_NAMESPACE
+from services.cli import main
 from services.eval.evaluate import UnknownTask
+from services.eval.schedule import Scheduler, evaluator_prefix
+from services.rundir import schedules
 from services.rundir.checkpoints import MODEL_FILES, TRAINING_FILES, verify
 from services.rundir.cli import run_status
 from services.rundir.config import RunConfig
-from services.rundir.ledger import LEDGER_FILE, RunLedger
+from services.rundir.evaluations import recipe_spec, record_result
+from services.rundir.ledger import LEDGER_FILE, OLD_LEDGER_FILE, RunLedger
+from services.rundir.schedules import RECIPE
 from services.rundir.status import HEARTBEAT_FILE, LIVE_WITHIN_S, read_status
-from services.train.coordinator import evaluator_name, get_or_create_coordinator
+from services.train.coordinator import get_or_create_coordinator
 from services.train.state import TrainerState, save_train_state
 
 VOCAB = 64
@@ -76,15 +82,20 @@ def events(run_dir: Path, name: str) -> list[dict]:
     return [line for line in metrics_lines(run_dir) if line["kind"] == "event" and line["event"] == name]
 
 
-def evaluator_handle(run_name: str, step: int, launch: int, timeout: float = 30.0):
+def evaluator_handle(run_dir: Path, step: int, timeout: float = 60.0):
+    """The live evaluator of a step of the run's own schedule, once it is launched."""
+    prefix = evaluator_prefix(run_dir, RECIPE, step)
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            return ray.get_actor(evaluator_name(run_name, step, launch), namespace=RAY_NAMESPACE)
-        except ValueError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+        if names:
+            return ray.get_actor(names[0], namespace=RAY_NAMESPACE)
+        assert time.monotonic() < deadline, f"no evaluator of step {step} was launched"
+        time.sleep(0.05)
+
+
+def counts(pending: int = 0, done: int = 0, failed: int = 0, missing: int = 0) -> dict[str, int]:
+    return {"pending": pending, "done": done, "failed": failed, "missing": missing}
 
 
 class Run:
@@ -256,7 +267,7 @@ def test_retention_also_keeps_the_best_checkpoint_by_heldout_mlm_accuracy(make_r
     paths = {step: run.checkpoint(step, model) for step, model in models.items()}
     for step, path in paths.items():
         run.call("checkpoint_saved", step, path)
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 2, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=2)
     status = run.call("status")
     assert [c["step"] for c in status["checkpoints"]] == [200, 400]
     assert status["best_checkpoint"] == paths[200]
@@ -293,7 +304,7 @@ def test_a_checkpoint_on_the_eval_schedule_gets_an_eval_line_with_the_three_accu
     run = make_run(eval={"every_steps": 100})
     assert run.call("checkpoint_saved", 100, run.checkpoint(100, tiny_model(knows_the_token=True)))["eval_scheduled"]
     assert not run.call("checkpoint_saved", 150, run.checkpoint(150))["eval_scheduled"]
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=1)
     (line,) = [line for line in metrics_lines(run.dir) if line["kind"] == "eval"]
     assert line["step"] == 100
     assert line["mlm_acc"] == 1.0
@@ -319,26 +330,27 @@ def test_evaluators_of_eval_cpus_0_run_while_training_holds_every_cpu_and_those_
         waiting, beside = make_run(eval={"every_steps": 100}), make_run(eval={"every_steps": 100, "cpus": 0})
         for run in (waiting, beside):
             assert run.call("checkpoint_saved", 100, run.checkpoint(100))["eval_scheduled"]
-        assert beside.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
-        assert waiting.call("wait_for_evals", 2) == {"pending": 1, "done": 0, "failed": 0}
+        assert beside.call("wait_for_evals", 120) == counts(done=1)
+        assert waiting.call("wait_for_evals", 2) == counts(pending=1)
     finally:
         ray.kill(holder, no_restart=True)
-    assert waiting.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}  # once the CPUs are free
+    assert waiting.call("wait_for_evals", 120) == counts(done=1)  # once the CPUs are free
 
 
 def test_a_reopened_coordinator_relaunches_pending_evaluations_only_once_training_reports(make_run):
     """A resumed run's evaluations left pending must not take the CPUs its workers are about to ask for."""
     run = make_run(eval={"every_steps": 100}, train={"num_workers": 2, "global_batch_size": 64})
     run.call("checkpoint_saved", 100, run.checkpoint(100))
+    evaluator = evaluator_handle(run.dir, 100)
     ray.kill(run.actor, no_restart=True)  # the driver's Ctrl-C: the coordinator goes, its evaluation stays pending
-    ray.kill(evaluator_handle(run.name, 100, launch=1), no_restart=True)
+    ray.kill(evaluator, no_restart=True)
     run.actor = get_or_create_coordinator(run.dir, run.name, run.config)
     assert run.call("status")["evals"]["pending"] == [100]
     holder = CpuHolder.options(num_cpus=2).remote()  # the resumed run's 2 training workers
     try:
         ray.get(holder.ready.remote(), timeout=60)
         run.call("report", 110, {"loss": 1.0})  # training has its workers: now the evaluation may run, beside it
-        assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+        assert run.call("wait_for_evals", 120) == counts(done=1)
     finally:
         ray.kill(holder, no_restart=True)
     assert events(run.dir, "eval_cpus_shared")[0]["training_cpus"] == 2
@@ -348,7 +360,7 @@ def test_the_checkpoint_at_total_steps_is_evaluated_off_the_schedule(make_run):
     run = make_run(eval={"every_steps": 0}, optim={"total_steps": 120, "warmup_steps": 10})
     assert not run.call("checkpoint_saved", 100, run.checkpoint(100))["eval_scheduled"]
     assert run.call("checkpoint_saved", 120, run.checkpoint(120))["eval_scheduled"]
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=1)
     assert run.call("status")["evals"]["done"] == [120]
 
 
@@ -361,9 +373,9 @@ def test_a_checkpoint_marked_final_is_evaluated_off_the_schedule(make_run):
 def test_an_evaluator_that_dies_is_relaunched(make_run):
     run = make_run(eval={"every_steps": 100})
     run.call("checkpoint_saved", 100, run.checkpoint(100))
-    ray.kill(evaluator_handle(run.name, 100, launch=1))
+    ray.kill(evaluator_handle(run.dir, 100))
     run.call("report", 110, {"loss": 1.0})  # training calls go on while the evaluation is retried
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=1)
     assert [e["deaths"] for e in events(run.dir, "eval_retried")] == [1]
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
 
@@ -372,7 +384,7 @@ def test_an_evaluation_that_raises_is_recorded_as_failed_and_the_run_goes_on(mak
     run = make_run(eval={"every_steps": 100})
     # A model whose vocabulary does not hold the held-out token ids: the evaluation raises.
     run.call("checkpoint_saved", 100, run.checkpoint(100, tiny_model(vocab_size=8)))
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 0, "failed": 1}
+    assert run.call("wait_for_evals", 120) == counts(failed=1)
     (failure,) = events(run.dir, "eval_failed")
     assert f"token id {TOKEN} outside the vocabulary" in failure["reason"]
     run.call("report", 120, {"loss": 1.0})
@@ -391,9 +403,25 @@ def test_a_killed_coordinator_restarts_from_its_state_file_with_nothing_lost(mak
     ray.kill(run.actor, no_restart=False)
     after = run.call("status")  # waits for the restart
     assert after == before
-    assert run.call("wait_for_evals", 120) == {"pending": 0, "done": 1, "failed": 0}
+    assert run.call("wait_for_evals", 120) == counts(done=1)
     run.call("report", 110, {"loss": 1.5})
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "train"] == [90, 110]
+    assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
+
+
+def test_a_checkpoint_the_restarted_coordinator_indexed_from_disk_is_evaluated_once(make_run):
+    """The train loop wrote a checkpoint and the coordinator died before its checkpoint_saved call arrived: the
+    restarted coordinator's ledger indexes it again from disk, and the run's schedule (not the ledger) evaluates it;
+    the late call (Ray retries it) adds no second evaluation."""
+    run = make_run(eval={"every_steps": 100})
+    run.call("report", 90, {"loss": 2.0})
+    path = run.checkpoint(100)
+    restart(run.actor)
+    assert [line["step"] for line in events(run.dir, "checkpoint_reindexed")] == [100]
+    assert run.call("status")["evals"]["pending"] == [100]
+    run.call("report", 110, {"loss": 1.5})  # training goes on: the evaluation may run
+    assert run.call("checkpoint_saved", 100, path)["accepted"]
+    assert run.call("wait_for_evals", 120) == counts(done=1)
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
 
 
@@ -427,10 +455,17 @@ def test_a_stop_request_outlives_a_coordinator_restart_but_not_its_run(make_run)
     assert [e["step"] for e in events(run.dir, "stop_requested")] == [40]
 
 
+def recipe_scheduler(run_dir: Path, config: RunConfig) -> Scheduler:
+    """The run's own schedule as its coordinator adopts it, and its scheduler (observing needs no Ray)."""
+    schedules.adopt(run_dir, recipe_spec(config, run_dir / "heldout.parquet"))
+    return Scheduler(run_dir, RECIPE)
+
+
 def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed_again_on_reopen(tmp_path):
     """A coordinator killed between the checkpoint_saved line and its state write: the reopened ledger indexes the
-    checkpoint again from disk (resume starts from it, its evaluation is due), unless it is gone since or does not
-    verify."""
+    checkpoint again from disk (resume starts from it), unless it is gone since or does not verify; the run's
+    schedule, which reads the disk and the log itself, has its evaluation due (the damaged one fails its
+    verification)."""
     config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "eval": {"every_steps": 100}})
     run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
     ledger = RunLedger(run_dir, "r", config.to_dict())
@@ -443,9 +478,13 @@ def test_a_checkpoint_logged_as_saved_but_missing_from_the_state_file_is_indexed
     reopened = RunLedger(run_dir, "r", config.to_dict())
     assert [c.step for c in reopened.state.checkpoints] == [100, 200]
     assert reopened.latest_good_checkpoint() == str(checkpoints / "step_200")
-    assert [e.step for e in reopened.pending_evals()] == [100, 200]
     assert [line["step"] for line in events(run_dir, "checkpoint_reindexed")] == [200]
     assert [c.step for c in RunLedger(run_dir, "r", config.to_dict()).state.checkpoints] == [100, 200]  # once
+    scheduler = recipe_scheduler(run_dir, config)
+    assert scheduler.observe()[0].pending == [100, 200, 300]
+    scheduler.launch(300)
+    state = schedules.load(run_dir, RECIPE)
+    assert state.pending == [100, 200] and "model.safetensors: checksum mismatch" in state.failed[300]
 
 
 def test_a_checkpoint_found_on_disk_before_its_save_call_arrives_is_recorded_by_that_call_once(tmp_path):
@@ -467,8 +506,8 @@ def test_a_checkpoint_found_on_disk_before_its_save_call_arrives_is_recorded_by_
 
 def test_a_final_checkpoint_indexed_again_on_reopen_keeps_its_final_evaluation(tmp_path):
     """The budget (or a stop) ends a run off the eval schedule; its coordinator is killed between the final
-    checkpoint's checkpoint_saved line and the state write: the reopened ledger still evaluates it off the schedule
-    and knows the run finished (no stalled event)."""
+    checkpoint's checkpoint_saved line and the state write: the reopened ledger knows the run finished (no stalled
+    event) and the run's schedule still evaluates it off the every_steps schedule."""
     config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "eval": {"every_steps": 100}})
     run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
     ledger = RunLedger(run_dir, "r", config.to_dict())
@@ -478,8 +517,80 @@ def test_a_final_checkpoint_indexed_again_on_reopen_keeps_its_final_evaluation(t
     (run_dir / LEDGER_FILE).write_bytes(before)  # the state write the kill prevented
     reopened = RunLedger(run_dir, "r", config.to_dict())
     assert [c.step for c in reopened.state.checkpoints] == [100, 130]
-    assert [e.step for e in reopened.pending_evals()] == [100, 130]
     assert reopened.state.finished
+    assert recipe_scheduler(run_dir, config).observe()[0].pending == [100, 130]
+
+
+def test_retention_keeps_the_checkpoints_the_runs_evaluations_need_and_then_only_the_best(tmp_path):
+    """keep_last 1, evaluations every 100 steps: a checkpoint waiting for its evaluation stays; once the evaluations
+    are done, the best by held-out MLM accuracy stays, the others go."""
+    config = RunConfig.from_dict(
+        {"run": {"name": "r", "output_dir": str(tmp_path)}, "train": {"keep_last": 1}, "eval": {"every_steps": 100}}
+    )
+    run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
+    ledger = RunLedger(run_dir, "r", config.to_dict())
+    scheduler = recipe_scheduler(run_dir, config)
+    for step in (100, 150, 200):
+        ledger.checkpoint_saved(step, write_checkpoint(checkpoints / f"step_{step}", step))
+        scheduler.observe()  # as the coordinator has the run's schedule do after each save
+    assert [c.step for c in ledger.state.checkpoints] == [100, 200]
+    for step, acc in ((100, 0.3), (200, 0.2)):
+        record_result(run_dir, scheduler.spec, config, step, str(checkpoints / f"step_{step}"), {"mlm_acc": acc})
+    ledger.checkpoint_saved(250, write_checkpoint(checkpoints / "step_250", 250))
+    assert [c.step for c in ledger.state.checkpoints] == [100, 250]
+    assert read_status(run_dir)["best_checkpoint"] == str(checkpoints / "step_100")
+
+
+def old_run_directory(run_dir: Path, evals: list[dict]) -> None:
+    """The run directory as the code before issue 35 left it: its ledger file coordinator.json, holding the
+    ledger's `evals`, and each checkpoint's checksums in MANIFEST.json."""
+    old = json.loads((run_dir / LEDGER_FILE).read_text())
+    old["evals"], old["last_eval_scheduled"], old["plateau"] = evals, max(e["step"] for e in evals), False
+    (run_dir / OLD_LEDGER_FILE).write_text(json.dumps(old))
+    (run_dir / LEDGER_FILE).unlink()
+    for checkpoint in (run_dir / "checkpoints").iterdir():
+        os.replace(checkpoint / CHECKSUM_FILE, checkpoint / LEGACY_CHECKSUM_FILE)
+
+
+def test_a_run_made_before_its_evaluations_were_a_schedule_keeps_them(tmp_path, capsys):
+    """coordinator.json as the code before this one wrote it, with the ledger's `evals` (and MANIFEST.json
+    checkpoints): `albert status` shows them before anything opened the run; opened again, they are the run's
+    schedule's (one evaluations_moved event), the status reads the same, the resume starts from its newest
+    checkpoint, and nothing is evaluated twice."""
+    config = RunConfig.from_dict({"run": {"name": "r", "output_dir": str(tmp_path)}, "eval": {"every_steps": 100}})
+    run_dir, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
+    ledger = RunLedger(run_dir, "r", config.to_dict())
+    paths = {step: write_checkpoint(checkpoints / f"step_{step}", step) for step in (100, 200, 300)}
+    for step, path in paths.items():
+        ledger.checkpoint_saved(step, path)
+    metrics = {"mlm_acc": 0.5, "mlm_loss": 2.0, "sop_acc": 0.6, "nsp_acc": 0.7}
+    old_run_directory(run_dir, [
+        {"step": 100, "path": paths[100], "status": "done", "metrics": metrics, "error": None, "launches": 1,
+         "deaths": 0},
+        {"step": 200, "path": paths[200], "status": "failed", "metrics": None, "error": "boom", "launches": 1,
+         "deaths": 0},
+        {"step": 300, "path": paths[300], "status": "pending", "metrics": None, "error": None, "launches": 0,
+         "deaths": 0},
+    ])  # fmt: skip
+
+    before = read_status(run_dir)
+    assert not (run_dir / LEDGER_FILE).exists() and not (run_dir / "schedules").exists()  # reading writes nothing
+    assert RunLedger(run_dir, "r", config.to_dict()).latest_good_checkpoint() == paths[300]  # the resume
+    status = read_status(run_dir)
+    assert status["evals"] == {"pending": [300], "done": [100], "failed": [200], "missing": []}
+    assert status["best_checkpoint"] == paths[100] and status["checkpoints"][0]["eval"] == metrics
+    assert {k: v for k, v in before.items() if k != "heartbeat_age_s"} == {
+        k: v for k, v in status.items() if k != "heartbeat_age_s"
+    }
+    assert "evals" not in json.loads((run_dir / LEDGER_FILE).read_text())
+    assert not (run_dir / OLD_LEDGER_FILE).exists()
+    RunLedger(run_dir, "r", config.to_dict())
+    (moved,) = events(run_dir, "evaluations_moved")
+    assert moved["count"] == 3 and moved["to"] == str(run_dir / "schedules" / "recipe.json")
+    state = recipe_scheduler(run_dir, config).observe()[0]
+    assert state.pending == [300] and state.failed == {200: "boom"}  # 200 is tried again only once saved again
+    assert main(["eval", "list", str(run_dir)]) == 0
+    assert "recipe: every 100 and at the end, 1 done, 1 pending, 0 missing, 1 failed" in capsys.readouterr().out
 
 
 def test_read_status_reads_the_run_without_its_coordinator(make_run):

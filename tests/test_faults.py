@@ -523,7 +523,7 @@ def test_after_the_coordinator_restart_its_index_holds_every_checkpoint_on_disk(
 @pytest.mark.slow
 def test_a_killed_evaluator_is_retried_and_every_scheduled_evaluation_finishes(coordinated):
     config, _, _, _, injected, counts = coordinated
-    assert counts == {"pending": 0, "done": 3, "failed": 0}
+    assert counts == {"pending": 0, "done": 3, "failed": 0, "missing": 0}
     records = [json.loads(line) for line in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
     retried = [r for r in records if r.get("event") == "eval_retried"]
     assert [r["step"] for r in retried] == [6], f"evaluator killed: {injected[1]}"

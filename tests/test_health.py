@@ -1,12 +1,13 @@
-"""Training health: the plateau, divergence and stall checks, and the events the run's ledger records for them."""
+"""Training health: the plateau, divergence and stall checks, and the events a run's record keeps of them."""
 
 from __future__ import annotations
 
 import math
 
+from services.rundir import schedules
 from services.rundir.config import RunConfig
+from services.rundir.evaluations import recipe_spec, record_result
 from services.rundir.health import divergence, plateau, stalled
-from services.rundir.ledger import RunLedger
 from services.rundir.log import read_metrics
 
 
@@ -46,28 +47,35 @@ def test_a_stall_message_names_the_resources_the_workers_wait_for():
     assert "2 workers" in found.remedy and "1 CPU each" in found.remedy and "train.stall_seconds" in found.remedy
 
 
-def ledger(tmp_path, **eval_section) -> RunLedger:
-    config = RunConfig.from_dict(
-        {
-            "run": {"name": "h", "output_dir": str(tmp_path)},
-            "optim": {"warmup_steps": 10, "total_steps": 1000},
-            "eval": {"every_steps": 100, **eval_section},
-        }
-    )
-    return RunLedger(tmp_path / "h", "h", config.to_dict(), evaluates=True)
+class Run:
+    """A run directory with its own evaluation schedule (as its coordinator adopts it); no Ray."""
+
+    def __init__(self, tmp_path, **eval_section):
+        self.config = RunConfig.from_dict(
+            {
+                "run": {"name": "h", "output_dir": str(tmp_path)},
+                "optim": {"warmup_steps": 10, "total_steps": 1000},
+                "eval": {"every_steps": 100, **eval_section},
+            }
+        )
+        self.run_dir = tmp_path / "h"
+        self.spec = schedules.adopt(self.run_dir, recipe_spec(self.config, tmp_path / "heldout.parquet")).spec
+
+    def evaluated(self, step: int, result: dict) -> None:
+        """An evaluation of the step's checkpoint finished with this result."""
+        record_result(self.run_dir, self.spec, self.config, step, f"/ckpt/step_{step}", result)
 
 
-def evaluate(run: RunLedger, step: int, acc: float, floor: float = 0.07) -> None:
-    entry = run.schedule_eval(step, f"/ckpt/{step}")
-    run.eval_done(entry, {"mlm_acc": acc, "unigram_acc": floor, "mlm_margin": acc - floor})
+def evaluate(run: Run, step: int, acc: float, floor: float = 0.07) -> None:
+    run.evaluated(step, {"mlm_acc": acc, "unigram_acc": floor, "mlm_margin": acc - floor})
 
 
-def plateau_events(run: RunLedger) -> list[dict]:
+def plateau_events(run: Run) -> list[dict]:
     return [r for r in read_metrics(run.run_dir) if r["kind"] == "event" and r["event"] == "plateau"]
 
 
-def test_the_ledger_reports_a_plateau_once_while_it_lasts_and_again_after_a_relapse(tmp_path):
-    run = ledger(tmp_path)
+def test_the_runs_evaluations_report_a_plateau_once_while_it_lasts_and_again_after_a_relapse(tmp_path):
+    run = Run(tmp_path)
     evaluate(run, 100, 0.070)
     assert plateau_events(run) == []
     evaluate(run, 200, 0.072)
@@ -81,15 +89,14 @@ def test_the_ledger_reports_a_plateau_once_while_it_lasts_and_again_after_a_rela
 
 
 def test_a_healthy_run_gets_no_plateau_event(tmp_path):
-    run = ledger(tmp_path)
+    run = Run(tmp_path)
     for step, acc in ((100, 0.09), (200, 0.15), (300, 0.22)):
         evaluate(run, step, acc)
     assert plateau_events(run) == []
 
 
 def test_evaluations_without_a_baseline_never_report_a_plateau(tmp_path):
-    run = ledger(tmp_path)
+    run = Run(tmp_path)
     for step in (100, 200, 300):
-        entry = run.schedule_eval(step, f"/ckpt/{step}")
-        run.eval_done(entry, {"mlm_acc": 0.0})
+        run.evaluated(step, {"mlm_acc": 0.0})
     assert plateau_events(run) == []

@@ -79,7 +79,8 @@ def test_a_run_that_cannot_learn_gets_a_plateau_event_from_its_coordinator(ray_l
     coordinator = get_or_create_coordinator(config.run_dir, config.run.name, config.to_dict())
     try:
         run_training(config, resume=False, coordinator=coordinator_name(config.run.name))
-        assert ray.get(coordinator.wait_for_evals.remote(timeout=300)) == {"pending": 0, "done": 3, "failed": 0}
+        counts = ray.get(coordinator.wait_for_evals.remote(timeout=300))
+        assert counts == {"pending": 0, "done": 3, "failed": 0, "missing": 0}
     finally:
         ray.kill(coordinator, no_restart=True)
     evals = [r for r in read_metrics(config.run_dir) if r["kind"] == "eval"]

@@ -70,7 +70,7 @@ def write_checkpoint(directory: Path, step: int) -> str:
 
 def ledger_for(runs: Path, name: str, keep_last: int) -> RunLedger:
     config = RunConfig.from_dict({"run": {"name": name, "output_dir": str(runs)}, "train": {"keep_last": keep_last}})
-    return RunLedger(runs / name, name, config.to_dict(), evaluates=False)
+    return RunLedger(runs / name, name, config.to_dict())
 
 
 def test_a_copied_run_directory_never_deletes_the_checkpoints_of_the_run_it_was_copied_from(tmp_path):

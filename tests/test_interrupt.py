@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from albert_core.model.config import ConfigError
-from services.eval.evaluate import evaluator_slots
+from services.eval.schedule import evaluator_slots
 from tests.conftest import default_sigint
 from tests.test_faults import shards  # noqa: F401  (the module fixture: 4 shard files and held-out documents)
 from tests.test_train import MODEL, SEQ, run_config

@@ -19,11 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from albert_core.examples.shards import HELDOUT_FILE
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer
 from services.cli import main
+from services.rundir import schedules
 from services.rundir.checkpoints import CHECKPOINTS_DIR, checkpoint_dir
 from services.rundir.config import RunConfig
+from services.rundir.evaluations import recipe_spec, record_result
 from services.rundir.fields import to_toml
 from services.rundir.ledger import LEDGER_FILE, OLD_LEDGER_FILE, RunLedger
 from services.rundir.status import HEARTBEAT_FILE, LIVE_WITHIN_S, read_status
@@ -54,7 +57,7 @@ def model_and_optimizer(config: RunConfig, seed: int = 0):
 
 def started_run(config: RunConfig, steps: tuple[int, ...]) -> RunLedger:
     """The run directory a run that saved `steps` leaves: its ledger, its metrics log, its checkpoints."""
-    ledger = RunLedger(config.run_dir, config.run.name, config.to_dict(), evaluates=False)
+    ledger = RunLedger(config.run_dir, config.run.name, config.to_dict())
     model, optimizer = model_and_optimizer(config)
     for step in steps:
         path = save_train_state(
@@ -63,6 +66,16 @@ def started_run(config: RunConfig, steps: tuple[int, ...]) -> RunLedger:
         ledger.report(step, {"loss": 1.0})
         assert ledger.checkpoint_saved(step, str(path), {"loss": 1.0}).accepted
     return ledger
+
+
+def evaluated(config: RunConfig, ledger: RunLedger, accuracy: dict[int, float]) -> dict[int, str]:
+    """The run's own evaluations (its schedule "recipe") of its checkpoints, with these held-out MLM accuracies;
+    returns step -> checkpoint path."""
+    paths = {c.step: c.path for c in ledger.state.checkpoints}
+    recipe = schedules.adopt(config.run_dir, recipe_spec(config, Path(config.data.shards) / HELDOUT_FILE)).spec
+    for step, acc in accuracy.items():
+        record_result(config.run_dir, recipe, config, step, paths[step], {"mlm_acc": acc, "mlm_loss": 1.0})
+    return paths
 
 
 def damage(checkpoint: Path) -> None:
@@ -108,11 +121,7 @@ def test_a_copied_run_directory_resumes_from_its_own_checkpoints_and_dry_run_sta
 
 def test_status_names_no_damaged_checkpoint_as_the_best_or_as_the_one_to_resume_from(recipe, capsys):
     config = config_of(recipe, "s1")
-    ledger = started_run(config, (2, 4, 6))
-    paths = {c.step: c.path for c in ledger.state.checkpoints}
-    for step, accuracy in ((2, 0.3), (4, 0.9), (6, 0.6)):
-        ledger.eval_done(ledger.schedule_eval(step, paths[step]), {"mlm_acc": accuracy, "mlm_loss": 1.0})
-    ledger.save()
+    paths = evaluated(config, started_run(config, (2, 4, 6)), {2: 0.3, 4: 0.9, 6: 0.6})
     before = status_of(config.run_dir, capsys)
     damage(Path(paths[4]))
     damage(Path(paths[6]))
@@ -121,6 +130,23 @@ def test_status_names_no_damaged_checkpoint_as_the_best_or_as_the_one_to_resume_
     assert (after["best_checkpoint"], after["resume_from"]) == (paths[2], paths[2])
     assert [c["step"] for c in after["checkpoints"]] == [2]
     assert [(r["step"], "checksum mismatch" in r["reason"]) for r in after["refused"]] == [(4, True), (6, True)]
+
+
+def test_a_copied_run_directory_names_its_own_checkpoint_as_the_best(recipe, capsys):
+    """The evaluations copied with a run directory name the source's checkpoints: the copy's status names its own
+    copy of the best one, before and after a ledger opened the copy."""
+    s1 = config_of(recipe, "s1")
+    evaluated(s1, started_run(s1, (2, 4, 6)), {2: 0.3, 4: 0.9, 6: 0.6})
+    s5_dir = s1.run_dir.parent / "s5"
+    shutil.copytree(s1.run_dir, s5_dir, symlinks=True)
+    own_best = str(s5_dir.resolve() / CHECKPOINTS_DIR / "step_00000004")
+    assert status_of(s5_dir, capsys)["best_checkpoint"] == own_best
+    s5 = config_of(recipe, "s5")
+    RunLedger(s5.run_dir, "s5", s5.to_dict())
+    assert status_of(s5_dir, capsys)["best_checkpoint"] == own_best
+    assert status_of(s1.run_dir, capsys)["best_checkpoint"] == str(
+        s1.run_dir.resolve() / CHECKPOINTS_DIR / "step_00000004"
+    )
 
 
 BEATING = "import sys, time; from services.rundir.status import touch_heartbeat; touch_heartbeat(sys.argv[1]); "

@@ -72,6 +72,7 @@ def ledger_run(tmp_path) -> RunLedger:
             EXIT_DATA,
         ),
         (["eval", "schedule", "{run}", "--every", "4", "--name", "a/b"], "--name 'a/b'", EXIT_DATA),
+        (["eval", "schedule", "{run}", "--every", "4", "--name", "recipe"], "the run's own evaluations", EXIT_USAGE),
         (["eval", "cancel", "{run}", "nothing"], "no schedule 'nothing' on this run", EXIT_DATA),
     ],
 )
@@ -151,10 +152,10 @@ def test_a_run_resumed_with_a_larger_total_steps_is_unfinished_for_its_schedules
     write_heldout(tmp_path / "shards")
     config = functools.partial(config_of_total, tmp_path)
     run_dir, root = tmp_path / "r", tmp_path / "r" / "checkpoints"
-    first = RunLedger(run_dir, "r", config(1000), evaluates=False)
+    first = RunLedger(run_dir, "r", config(1000))
     first.checkpoint_saved(1000, checkpoint_of_step(root, 1000))  # the run finished
     complete_schedule(run_dir, "every-1000", 1000)
-    ledger = RunLedger(run_dir, "r", config(5000), evaluates=False)  # resumed with --set optim.total_steps=5000
+    ledger = RunLedger(run_dir, "r", config(5000))  # resumed with --set optim.total_steps=5000
     assert run_config_of(run_dir).optim.total_steps == 5000
     (change,) = ledger.state.config_history
     assert change.step == 1000 and change.changed == {"optim.total_steps": [1000, 5000]}
@@ -177,14 +178,14 @@ def test_a_run_resumed_with_a_larger_total_steps_is_unfinished_for_its_schedules
 def test_a_live_scheduler_reads_the_config_a_resume_brought(tmp_path):
     write_heldout(tmp_path / "shards")
     run_dir, root = tmp_path / "r", tmp_path / "r" / "checkpoints"
-    first = RunLedger(run_dir, "r", config_of_total(tmp_path, 1000), evaluates=False)
+    first = RunLedger(run_dir, "r", config_of_total(tmp_path, 1000))
     first.checkpoint_saved(500, checkpoint_of_step(root, 500))  # stopped (Ctrl-C) at step 500 of 1000
     schedules.create_or_attach(run_dir, ScheduleSpec("every-500", 500, "/h"))
     scheduler = Scheduler(run_dir, "every-500")
     scheduler.reconcile()
     assert scheduler.observe()[1] == 500
     schedules.update(run_dir, "every-500", lambda s: s.mark_done(500, "x"))
-    resumed = RunLedger(run_dir, "r", config_of_total(tmp_path, 5000), evaluates=False)  # total_steps raised
+    resumed = RunLedger(run_dir, "r", config_of_total(tmp_path, 5000))  # total_steps raised
     resumed.checkpoint_saved(1000, checkpoint_of_step(root, 1000))
     state, due = scheduler.observe()
     assert due == 1000 and not state.complete
@@ -226,7 +227,7 @@ def test_a_step_that_failed_on_a_corrupt_checkpoint_is_retried_once_the_checkpoi
     ledger_run.checkpoint_saved(2, str(path))
     flip_a_bit(path / "model.safetensors")
     scheduler = attached(ledger_run.run_dir, "every-2", 2)
-    scheduler.evaluate(scheduler.observe()[1], threading.Event())  # fails verification: recorded failed
+    scheduler.launch(scheduler.observe()[1])  # fails verification: recorded failed, no evaluator started
     state, due = scheduler.observe()
     assert due is None and 2 in state.failed  # the same damaged checkpoint is not evaluated again
     shutil.rmtree(path)
@@ -277,7 +278,7 @@ def test_a_complete_schedule_holds_no_checkpoint_and_shows_in_the_run_status(sch
     assert code == 0
     (summary,) = schedules.summaries(run_dir)
     assert summary["done"] == 3 and summary["last_step"] == 12 and summary["complete"]
-    assert schedules.held_and_lapsed(run_dir, [4, 8, 12], math.inf)[0] == set()
+    assert schedules.held_and_lapsed(run_dir, [4, 8, 12], math.inf) == (set(), [])
 
 
 @pytest.mark.ray
@@ -327,7 +328,7 @@ def test_a_schedule_whose_scheduler_is_gone_past_its_lease_releases_its_checkpoi
     config = config_of_total(tmp_path, 5000)
     config["eval"]["schedule_lease_s"] = 60.0
     run_dir, root = tmp_path / "r", tmp_path / "r" / "checkpoints"
-    ledger = RunLedger(run_dir, "r", config, evaluates=False)
+    ledger = RunLedger(run_dir, "r", config)
     ledger.checkpoint_saved(100, checkpoint_of_step(root, 100))
     attached(run_dir, "every-100", 100).observe()  # the scheduler runs: its heartbeat renews the lease
     schedules.touch_heartbeat(run_dir, "every-100")

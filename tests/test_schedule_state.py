@@ -9,11 +9,16 @@ import pytest
 
 from services.rundir import log as run_log
 from services.rundir import schedules
-from services.rundir.schedules import RESULT_KIND, ScheduleSpec, ScheduleState
+from services.rundir.schedules import RECIPE, RESULT_KIND, ScheduleSpec, ScheduleState
 
 
 def spec(name: str = "every-10", every: int = 10, **fields) -> ScheduleSpec:
     return ScheduleSpec(name=name, every=every, heldout="/shards/heldout/documents.parquet", **fields)
+
+
+def held(run_dir, steps) -> set[int]:
+    """The steps the run's schedules hold from retention (their schedulers' leases taken as renewed)."""
+    return schedules.held_and_lapsed(run_dir, steps, math.inf)[0]
 
 
 def result_line(name: str, step: int) -> dict:
@@ -23,6 +28,37 @@ def result_line(name: str, step: int) -> dict:
 def test_a_schedule_matches_the_positive_multiples_of_every():
     state = ScheduleState(spec(every=10))
     assert state.unsettled([0, 5, 10, 15, 20, 30, 25]) == [10, 20, 30]
+
+
+def test_off_the_multiples_the_first_checkpoint_at_or_past_each_multiple_is_due():
+    """Checkpoints every 300 steps, a schedule of every 500: each multiple gets the checkpoint that reaches it."""
+    state = ScheduleState(spec(every=500))
+    state.observe(on_disk=[300, 600, 900, 1200, 1500], saved={})
+    assert state.pending == [600, 1200, 1500]
+
+
+def test_a_final_schedule_also_evaluates_the_runs_last_checkpoint_and_another_does_not():
+    final, plain = ScheduleState(spec(every=100, final=True)), ScheduleState(spec(every=100))
+    for state in (final, plain):
+        state.observe(on_disk=[100, 150, 170], saved={}, finals=[170])
+    assert final.pending == [100, 170] and plain.pending == [100]
+
+
+def test_the_runs_own_schedule_owns_the_eval_lines_and_another_schedule_only_its_own_lines():
+    recipe, other = spec(RECIPE, final=True), spec("every-10")
+    line = {"step": 10, "kind": "eval", "mlm_acc": 0.5}
+    assert recipe.owns(line) and not other.owns(line)
+    assert other.owns(result_line("every-10", 10)) and not other.owns(result_line("every-20", 10))
+    assert not recipe.owns(result_line("every-10", 10))
+
+
+def test_adopting_another_spec_keeps_what_the_schedule_settled(tmp_path):
+    """A resume that changes the recipe's [eval]: the run's schedule takes the new spec, its results stay."""
+    schedules.adopt(tmp_path, spec(RECIPE, every=100, final=True))
+    schedules.update(tmp_path, RECIPE, lambda s: s.mark_done(100, "step_100", {"mlm_acc": 0.5}))
+    state = schedules.adopt(tmp_path, spec(RECIPE, every=50, final=True))
+    assert schedules.load(tmp_path, RECIPE) == state
+    assert state.spec.every == 50 and state.done == {100: "step_100"} and state.metrics == {100: {"mlm_acc": 0.5}}
 
 
 def test_steps_done_missing_or_failed_are_no_longer_due():
@@ -67,8 +103,9 @@ def test_reconcile_takes_only_the_lines_of_its_own_schedule(tmp_path):
 
 
 def test_the_state_file_round_trips_through_json(tmp_path):
-    state = ScheduleState(spec(tasks=("polarity",), task_data=("/data/polarity",), task_max_steps=5))
-    state.mark_done(10, "/run/checkpoints/step_00000010")
+    state = ScheduleState(spec(tasks=("polarity",), task_data=("/data/polarity",), task_max_steps=5, final=True))
+    state.mark_done(10, "/run/checkpoints/step_00000010", {"mlm_acc": 0.25, "task/polarity/acc": 0.5})
+    state.observe(on_disk=[15, 25], saved={}, finals=[25])
     state.mark_missing(20, "deleted by retention")
     state.cancelled = True
     again = ScheduleState.from_json(state.to_json(), tmp_path / "x.json")
@@ -85,13 +122,13 @@ def test_attaching_with_another_job_under_the_same_name_is_refused(tmp_path):
 
 def test_a_cancelled_schedule_holds_no_checkpoint_and_cannot_be_attached_again(tmp_path):
     schedules.create_or_attach(tmp_path, spec())
-    assert schedules.held_and_lapsed(tmp_path, [10, 20, 25], math.inf)[0] == {10, 20}
+    assert held(tmp_path, [10, 20, 25]) == {10, 20}
 
     def cancel(state):
         state.cancelled = True
 
     schedules.update(tmp_path, "every-10", cancel)
-    assert schedules.held_and_lapsed(tmp_path, [10, 20, 25], math.inf)[0] == set()
+    assert held(tmp_path, [10, 20, 25]) == set()
     with pytest.raises(ValueError, match="cancelled"):
         schedules.create_or_attach(tmp_path, spec())
 
@@ -99,7 +136,7 @@ def test_a_cancelled_schedule_holds_no_checkpoint_and_cannot_be_attached_again(t
 def test_an_unreadable_schedule_file_holds_nothing_and_does_not_stop_a_status(tmp_path):
     schedules.create_or_attach(tmp_path, spec("good"))
     (tmp_path / "schedules" / "bad.json").write_text("{")
-    assert schedules.held_and_lapsed(tmp_path, [10], math.inf)[0] == {10}
+    assert held(tmp_path, [10]) == {10}
     assert [s["name"] for s in schedules.summaries(tmp_path)] == ["good"]
 
 

@@ -7,7 +7,8 @@ for a bad value or path; services.terminal). `schedule` creates the
 schedule's file (or attaches to the one of the same name and job) and starts its scheduler: on a cluster (--address,
 or RAY_ADDRESS inside a Ray job) a detached actor that outlives the command; on the embedded local Ray the command
 follows it until the schedule is complete (Ctrl-C stops it; the same command carries on later). `list` and
-`cancel` need only the run directory.
+`cancel` need only the run directory; they show and cancel the run's own schedule, "recipe" (its recipe's [eval],
+run by its coordinator), too.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def schedule_spec(args: argparse.Namespace) -> tuple[Path, ScheduleSpec]:
     if args.cpus < 0 or args.poll_s <= 0:
         raise UsageError("--cpus must be >= 0 and --poll-s > 0")
     name = args.name or default_name(args.every, args.task, args.heldout)
+    if name == schedules.RECIPE:
+        raise UsageError(
+            f"--name {name}: the run's own evaluations ([eval] of its recipe) have that name; choose another"
+        )
     spec = ScheduleSpec(
         name=schedules.check_name(name),
         every=args.every,
@@ -149,8 +154,9 @@ def _watch(run_dir: Path, name: str, runner: Any, stop: threading.Event, error: 
 
 def progress_line(s: dict[str, Any]) -> str:
     state = "cancelled" if s["cancelled"] else "complete" if s["complete"] else "live" if s.get("live") else "idle"
+    when = " and ".join([f"every {s['every']}"] * bool(s["every"]) + ["at the end"] * bool(s.get("final")))
     line = (
-        f"{s['name']}: every {s['every']}, {s['done']} done, {s['pending']} pending, {s['missing']} missing, "
+        f"{s['name']}: {when}, {s['done']} done, {s['pending']} pending, {s['missing']} missing, "
         f"{s['failed']} failed, last evaluated step {s['last_step']} ({state})"
     )
     for step, why in {**s["missing_steps"], **s["failed_steps"]}.items():
@@ -239,9 +245,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _register_schedules(actions: argparse._SubParsersAction) -> None:
     """`albert eval schedule|list|cancel`."""
-    s = actions.add_parser("schedule", help="evaluate every checkpoint whose step is a multiple of --every, once")
+    s = actions.add_parser("schedule", help="evaluate a run's checkpoint at each multiple of --every steps, once")
     s.add_argument("run", help="the run directory (runs/NAME)")
-    s.add_argument("--every", type=int, required=True, help="evaluate the checkpoints at multiples of this step")
+    s.add_argument("--every", type=int, required=True, help="the first checkpoint at or past each multiple of it")
     s.add_argument("--name", help="the schedule's name (default: every-N[-TASK...][-heldout-HASH])")
     s.add_argument("--task", action="append", default=[], help="a downstream task, e.g. polarity (repeatable)")
     s.add_argument("--task-data", action="append", default=[], metavar="DIR", help="its data, one per --task")
@@ -255,7 +261,9 @@ def _register_schedules(actions: argparse._SubParsersAction) -> None:
     mode.add_argument("--follow", action="store_true", help="on a cluster: print results until it is complete")
     mode.add_argument("--once", action="store_true", help="evaluate what is due now, here, and exit")
     s.set_defaults(func=cmd_eval_schedule)
-    listing = actions.add_parser("list", help="a run's schedules: done, pending, missing, failed")
+    listing = actions.add_parser(
+        "list", help="a run's schedules (its own, recipe, too): done, pending, missing, failed"
+    )
     listing.add_argument("run")
     listing.set_defaults(func=cmd_eval_list)
     cancel = actions.add_parser("cancel", help="cancel a schedule (its scheduler stops, its checkpoints are freed)")

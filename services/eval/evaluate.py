@@ -25,8 +25,9 @@ from albert_core.examples.shape import shape_field
 from albert_core.files import TRAINER_FILE
 from services.rundir.config import RunConfig
 
-# torch is imported where evaluation runs (inside the functions below), not here: the coordinator imports this
-# module for the actor class and its options and stays a light process that (re)starts in a second.
+# torch is imported where evaluation runs (inside the functions below), not here: the scheduler (services.eval.schedule,
+# in the run's coordinator or a schedule's runner) imports this module for the actor class and its options and stays
+# a light process that (re)starts in a second.
 if TYPE_CHECKING:
     from torch import nn
 
@@ -290,16 +291,3 @@ def _load(path: str | Path) -> nn.Module:
 def options_dict(options: IntrinsicOptions) -> dict[str, Any]:
     """Plain form for passing IntrinsicOptions to an actor (and for logs)."""
     return asdict(options)
-
-
-def evaluator_slots(eval_cpus: float, *, training_cpus: float, cluster_cpus: float) -> tuple[float, int]:
-    """(CPUs per evaluator, evaluators at once) such that evaluators never hold a CPU the training workers need.
-
-    Evaluators get eval.cpus each only from the CPUs the cluster has beyond the training workers' (all of them, so
-    that a restarted or resumed worker group always finds its CPUs), as many at once as fit there. With no such CPU
-    (or eval.cpus = 0) one evaluator at a time runs on 0 CPUs, beside training: slower, never blocking.
-    """
-    spare = cluster_cpus - training_cpus
-    if eval_cpus <= 0 or spare < eval_cpus:
-        return 0.0, 1
-    return eval_cpus, int(spare // eval_cpus)

@@ -1,17 +1,37 @@
-"""Evaluation schedules on Ray: the scheduler loop and the detached actor that runs it.
+"""The one evaluation orchestrator: the scheduler that evaluates a run's checkpoints for a schedule, on Ray.
 
-A schedule (its state: services.rundir.schedules) is run by one `Scheduler` at a time (the schedule's run lock). The
-loop looks at the run directory every `poll_s`: the checkpoints on disk (`<run_dir>/checkpoints/step_*`), the
-checkpoints the run's log says were saved (so that one deleted before the schedule saw it is named missing, never
-skipped silently), and whether the run is finished. It evaluates the oldest due checkpoint on an
-`IntrinsicEvaluator` (services.eval.evaluate), appends the result to metrics.jsonl (kind "schedule_eval", with the
-schedule's name), then records the step done; it ends when the run is finished and nothing is pending, or when the
-schedule is cancelled.
+Design (issue 35, item 2: one orchestrator for evaluation on a run).
+- Every evaluation of a run belongs to a schedule: its state is its file, schedules/NAME.json
+  (services.rundir.schedules); what an outcome writes (the result line, then the file; the run's eval.md and plateau
+  check) is services.rundir.evaluations. Neither needs Ray.
+- The recipe's [eval] is the run's own schedule, RECIPE ("recipe"): every eval.every_steps and the run's last
+  checkpoint. The run's coordinator actor (services.train.coordinator) adopts it when it starts and runs its
+  `Scheduler` in a thread; `albert eval schedule` makes other schedules and runs each one's `Scheduler` in a
+  `ScheduleRunner` actor (or in the command itself, --once). Same loop, same decisions, same files.
+- The coordinator keeps the run's ledger (checkpoint index, retention, events), stop requests, dropout and the
+  heartbeat. It tells its scheduler when a checkpoint was saved (which observes it at once, so that status and
+  retention see the step due), opens its `gate` when training reports (evaluations left pending by a previous
+  coordinator never take a resumed run's CPUs before its workers do), and waits for it at the run's end. Retention
+  asks services.rundir.evaluations for the steps evaluation still needs.
 
-`ScheduleRunner` is that loop in a named actor (0 CPUs, restarted by Ray when its process dies: the new one
-reconciles the schedule from metrics.jsonl and goes on). Its evaluator gets `spec.cpus` only out of the CPUs the
-cluster has beyond the training workers' and the run's own evaluators' (`schedule_cpus`), else 0 CPUs, beside
-training: a restarted or resumed worker group always finds its CPUs.
+The loop, every poll_s or when woken: look at the run directory (the checkpoints on disk; the run's log for the
+checkpoints it saved, so that one deleted before it was evaluated is named missing, never skipped silently, and for
+the run's last ones), record the schedule's due steps, collect finished evaluations, launch due ones while there is
+room. A step is due when its checkpoint is the first at or past a multiple of `every` (every multiple, when the
+checkpoints fall on them) or, for a schedule with `final`, the run's last; it is evaluated once per checkpoint
+written (a step missing or failed on one checkpoint is due again once the run saves that step again). A step is
+recorded done only after its result line is in metrics.jsonl, and a starting scheduler reconciles the file from the
+log: a crash neither repeats nor loses one. One process runs a schedule at a time (its run lock); the scheduler
+renews the schedule's lease (its heartbeat) on every pass, which holds its checkpoints from retention.
+
+Evaluators: one `IntrinsicEvaluator` actor per evaluation, killed when it ends, so nothing is held between
+checkpoints; named albert-eval:RUN:STEP:SCHEDULE-HASH-TOKEN. Their size never starves training on a small machine:
+the recipe's evaluators get eval.cpus each only out of the CPUs beyond the training workers' (all of them, so that a
+restarted or resumed worker group always finds its CPUs), as many at once as fit there, else one at a time on 0 CPUs
+beside training (`evaluator_slots`, an `eval_cpus_shared` event once); another schedule's evaluator gets its CPUs
+only beyond those and the recipe's most (`schedule_cpus`), one at a time. An evaluator that dies is relaunched up to
+MAX_EVALUATOR_DEATHS times (an `eval_retried` event each), then the step is failed; an evaluation that raises, or a
+checkpoint that does not verify, is failed at once (an `eval_failed` event). Neither touches training.
 """
 
 from __future__ import annotations
@@ -19,7 +39,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +49,13 @@ from ray.exceptions import RayError, RayTaskError
 
 from albert_core.files import CorruptCheckpoint
 from services import RAY_NAMESPACE
-from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, evaluator_slots, options_dict
+from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, options_dict
+from services.rundir import evaluations, schedules
 from services.rundir import log as run_log
-from services.rundir import schedules
-from services.rundir.checkpoints import CHECKPOINTS_DIR, MODEL_FILES, list_checkpoints, verify
+from services.rundir.checkpoints import CHECKPOINTS_DIR, MODEL_FILES, checkpoint_dir, list_checkpoints, verify
 from services.rundir.config import RunConfig
 from services.rundir.ledger import LedgerState, ledger_path
-from services.rundir.schedules import RESULT_KIND, ScheduleSpec, ScheduleState, checkpoint_identity
+from services.rundir.schedules import RECIPE, ScheduleSpec, ScheduleState, checkpoint_identity
 
 log = logging.getLogger(__name__)
 MAX_EVALUATOR_DEATHS = 2  # relaunches of an evaluator that died on the same checkpoint
@@ -47,7 +68,17 @@ class ScheduleBusy(ValueError):
 def runner_name(run_dir: str | Path, name: str) -> str:
     """`albert-schedule:RUN:NAME:HASH` (HASH: of the run directory's path, so two runs of one name never share it)."""
     path = Path(run_dir).resolve()
-    return f"albert-schedule:{path.name}:{name}:{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    return f"albert-schedule:{path.name}:{name}:{_path_hash(path)}"
+
+
+def evaluator_prefix(run_dir: str | Path, name: str, step: int) -> str:
+    """The start of the names of the evaluators of one step of a schedule (each launch adds a token)."""
+    path = Path(run_dir).resolve()
+    return f"albert-eval:{path.name}:{step}:{name}-{_path_hash(path)}-"
+
+
+def _path_hash(path: Path) -> str:
+    return hashlib.sha1(str(path).encode()).hexdigest()[:8]
 
 
 def run_config_of(run_dir: str | Path) -> RunConfig:
@@ -58,9 +89,25 @@ def run_config_of(run_dir: str | Path) -> RunConfig:
     return RunConfig.from_dict(LedgerState.from_json(path.read_text(), path).config, source=str(path))
 
 
+# --- sizing --------------------------------------------------------------------------------------------------------
+
+
+def evaluator_slots(eval_cpus: float, *, training_cpus: float, cluster_cpus: float) -> tuple[float, int]:
+    """(CPUs per evaluator, evaluators at once) such that evaluators never hold a CPU the training workers need.
+
+    Evaluators get eval.cpus each only from the CPUs the cluster has beyond the training workers' (all of them, so
+    that a restarted or resumed worker group always finds its CPUs), as many at once as fit there. With no such CPU
+    (or eval.cpus = 0) one evaluator at a time runs on 0 CPUs, beside training: slower, never blocking.
+    """
+    spare = cluster_cpus - training_cpus
+    if eval_cpus <= 0 or spare < eval_cpus:
+        return 0.0, 1
+    return eval_cpus, int(spare // eval_cpus)
+
+
 def schedule_cpus(wanted: float, config: RunConfig, cluster_cpus: float) -> float:
-    """CPUs for a schedule's evaluator: `wanted` only when the cluster has them beyond the training workers' and the
-    most the run's own evaluators may take (services.eval.evaluate.evaluator_slots), else 0 (beside training)."""
+    """CPUs for another schedule's evaluator: `wanted` only when the cluster has them beyond the training workers'
+    and the most the run's own evaluators may take (`evaluator_slots`), else 0 (beside training)."""
     t = config.train
     training = t.num_workers * t.cpus_per_worker
     run_cpus, run_slots = evaluator_slots(config.eval.cpus, training_cpus=training, cluster_cpus=cluster_cpus)
@@ -68,33 +115,39 @@ def schedule_cpus(wanted: float, config: RunConfig, cluster_cpus: float) -> floa
     return cpus
 
 
-def result_record(name: str, step: int, result: dict[str, Any]) -> dict[str, Any]:
-    """The schedule's line in metrics.jsonl for one evaluated checkpoint."""
-    metrics = {k: v for k, v in result.items() if k not in ("step", "time", "kind", "schedule")}
-    return {"step": step, "time": time.time(), "kind": RESULT_KIND, "schedule": name, **metrics}
-
-
-# --- what the run has ------------------------------------------------------------------------------------------
+# --- what the run has ----------------------------------------------------------------------------------------------
 
 
 def checkpoints_on_disk(run_dir: Path) -> dict[int, str]:
-    return {step: str(path) for step, path in list_checkpoints(run_dir / CHECKPOINTS_DIR)}
+    return {step: str(path.resolve()) for step, path in list_checkpoints(run_dir / CHECKPOINTS_DIR)}
 
 
-def saved_steps(run_dir: Path) -> dict[int, str]:
-    """Every checkpoint step the run's log says was saved -> why it would not be on disk now."""
-    saved: dict[int, str] = {}
+@dataclass
+class SavedSteps:
+    """What the run's log says of its checkpoints."""
+
+    gone_why: dict[int, str]  # every step saved -> why it would not be on disk now
+    finals: set[int]  # the steps saved as the run's last
+    named: set[int]  # every step a checkpoint event names
+
+
+def saved_steps(run_dir: Path) -> SavedSteps:
+    saved, finals, named = {}, set(), set()
     for record in run_log.read_metrics(run_dir):
-        event, step = record.get("event"), record.get("step")
-        if record.get("kind") != "event" or step is None:
+        event, step = str(record.get("event")), record.get("step")
+        if record.get("kind") != "event" or step is None or not event.startswith("checkpoint_"):
             continue
+        step = int(step)
+        named.add(step)
         if event in ("checkpoint_saved", "checkpoint_replaced"):
-            saved[int(step)] = "not on disk"
-        elif event == "checkpoint_deleted" and int(step) in saved:
-            saved[int(step)] = "deleted by retention (train.keep_last) before the schedule evaluated it"
-        elif event == "checkpoint_corrupt" and int(step) in saved:
-            saved[int(step)] = f"corrupt: {record.get('reason')}"
-    return saved
+            saved[step] = "not on disk"
+            if record.get("final"):
+                finals.add(step)
+        elif event == "checkpoint_deleted" and step in saved:
+            saved[step] = "deleted by retention (train.keep_last) before the schedule evaluated it"
+        elif event == "checkpoint_corrupt" and step in saved:
+            saved[step] = f"corrupt: {record.get('reason')}"
+    return SavedSteps(saved, finals, named)
 
 
 def run_finished(newest: str | None, config: RunConfig) -> bool:
@@ -113,20 +166,47 @@ def run_finished(newest: str | None, config: RunConfig) -> bool:
     )
 
 
+@dataclass
+class RunView:
+    """The run at the scheduler's last look."""
+
+    on_disk: dict[int, str]
+    saved: SavedSteps
+    finals: set[int]  # the run's last checkpoints: saved as final, or at optim.total_steps or past it
+    finished: bool
+
+
+@dataclass
+class Launch:
+    """One evaluation under way."""
+
+    ref: Any
+    evaluator: Any
+    path: str
+    identity: str  # checkpoint_identity of the checkpoint evaluated
+
+
 # --- the loop ----------------------------------------------------------------------------------------------------
 
 
 class Scheduler:
-    """Evaluates one schedule's due checkpoints, one at a time, until the run is finished or it is cancelled."""
+    """Evaluates one schedule's due checkpoints until the run is finished and nothing is pending, or it is cancelled.
 
-    def __init__(self, run_dir: str | Path, name: str, *, poll_s: float = 2.0):
+    `gate`: evaluators are launched only while it is set (the run's coordinator sets it when training reports).
+    `wake`: set it to have the loop look at the run at once (a checkpoint was saved)."""
+
+    def __init__(self, run_dir: str | Path, name: str, *, poll_s: float = 2.0, gate: threading.Event | None = None):
         self.run_dir, self.name, self.poll_s = Path(run_dir).resolve(), name, poll_s
         self.spec: ScheduleSpec = schedules.load(self.run_dir, name).spec
         self.config = run_config_of(self.run_dir)
-        self.evaluator = None
+        self.gate = gate
+        self.wake = threading.Event()
+        self.running: dict[int, Launch] = {}
         self.deaths: dict[int, int] = {}
-        self._seen: tuple[dict[int, str], dict[int, str], bool] | None = None
+        self._view: RunView | None = None
         self._back_after_lapse: set[int] | None = None  # its lease had lapsed: the steps missing before this start
+        self._shared_noted = False
+        self._lock = threading.RLock()  # the loop's thread and its owner's (observe) share the scheduler
 
     def run(self, stop: threading.Event, *, once: bool = False) -> ScheduleState:
         """The loop; `once`: evaluate what is due now and return. Raises ScheduleBusy when another process runs it."""
@@ -136,26 +216,44 @@ class Scheduler:
             try:
                 return self._loop(stop, once)
             finally:
-                self._release_evaluator()
+                self.release()
 
     def _loop(self, stop: threading.Event, once: bool) -> ScheduleState:
+        self.wake.clear()
         state = self.reconcile()
-        while not stop.is_set() and state.active():
+        while not stop.is_set():
             schedules.touch_heartbeat(self.run_dir, self.name)
-            state, due = self.observe()
+            state = self.step()
             if self._back_after_lapse is not None:
                 self.report_missed(state)
-            if due is not None:
-                self.evaluate(due, stop)
-            elif once:
+            if not state.active() or (once and not self.running and not self.due(state)):
                 break
-            else:  # the evaluator stays up between checkpoints: a new one would import torch and read the held-out set
-                stop.wait(self.poll_s)
+            refs = [launch.ref for launch in self.running.values()]
+            if refs:
+                ray.wait(refs, num_returns=1, timeout=self.poll_s)
+            else:
+                self.wake.wait(self.poll_s)
+            self.wake.clear()
         return schedules.load(self.run_dir, self.name)
+
+    def step(self) -> ScheduleState:
+        """One pass: collect finished evaluations, record what the run has now, launch what is due and fits."""
+        with self._lock:
+            self.collect()
+            state, _ = self.observe()
+            if state.cancelled:
+                self.release()
+            elif self.gate is None or self.gate.is_set():
+                due = self.due(state)
+                if due:
+                    cpus, slots = self._sizing(due[0])
+                    for step in due[: max(0, slots - len(self.running))]:
+                        self.launch(step, cpus)
+            return state
 
     def reconcile(self) -> ScheduleState:
         """A start: result lines that reached metrics.jsonl after the last record are taken back as done."""
-        results = [r for r in run_log.read_metrics(self.run_dir) if r.get("kind") == RESULT_KIND]
+        results = [r for r in run_log.read_metrics(self.run_dir) if self.spec.owns(r)]
 
         def start(state: ScheduleState) -> None:
             if state.lease_lapsed:  # its checkpoints were not held meanwhile: report_missed says what went
@@ -176,88 +274,143 @@ class Scheduler:
         self._back_after_lapse = None
         resumes_at = state.pending[0] if state.pending else None
         step = max([*missed, *state.pending, *state.done], default=0)
-        record = {"step": step, "time": time.time(), "kind": "event", "event": "schedule_resumed",
-                  "schedule": self.name, "missed": missed, "resumes_at": resumes_at}  # fmt: skip
-        run_log.append(self.run_dir, record)
+        run_log.append_event(
+            self.run_dir, step, "schedule_resumed", schedule=self.name, missed=missed, resumes_at=resumes_at
+        )
         log.warning("schedule %s: back after its lease lapsed; missed steps %s, resumes at %s", self.name, missed,
                     resumes_at)  # fmt: skip
 
     def observe(self) -> tuple[ScheduleState, int | None]:
-        """Record what the run has now (pending, missing, complete); returns the state and the oldest due step."""
+        """Record what the run has now (pending, missing, complete); returns the state and the oldest step due and
+        not under way."""
+        with self._lock:
+            view = self._look()
+            gone = {step: why for step, why in view.saved.gone_why.items() if step not in view.on_disk}
+
+            def note(state: ScheduleState) -> None:
+                identities = {s: checkpoint_identity(view.on_disk[s]) for s in state.retry_candidates(view.on_disk)}
+                state.observe(view.on_disk, gone, identities, view.finals)
+                state.complete = state.complete or (view.finished and not state.pending and not state.cancelled)
+
+            state = schedules.update(self.run_dir, self.name, note)
+            self.spec = state.spec
+            due = self.due(state)
+            return state, (due[0] if due else None)
+
+    def due(self, state: ScheduleState) -> list[int]:
+        """The pending steps not under way, oldest first."""
+        return [step for step in state.pending if step not in self.running] if state.active() else []
+
+    def _look(self) -> RunView:
+        """The checkpoints on disk; the log is read again when they changed or one is not in it yet."""
         on_disk = checkpoints_on_disk(self.run_dir)  # listed before the log is read would name a new one missing
-        if self._seen is None or set(self._seen[0]) != set(on_disk):
+        view = self._view
+        if view is None or set(view.on_disk) != set(on_disk) or not set(on_disk) <= view.saved.named:
             saved = saved_steps(self.run_dir)
             on_disk = checkpoints_on_disk(self.run_dir)
             self.config = run_config_of(self.run_dir)  # a resume may have raised optim.total_steps since
-            self._seen = (on_disk, saved, run_finished(on_disk[max(on_disk)] if on_disk else None, self.config))
-        on_disk, saved, finished = self._seen
-        gone = {step: why for step, why in saved.items() if step not in on_disk}
+            total = self.config.optim.total_steps
+            finals = saved.finals | {s for s in (*saved.gone_why, *on_disk) if s >= total}
+            newest = max(on_disk, default=None)
+            finished = newest is not None and (newest in finals or run_finished(on_disk[newest], self.config))
+            view = self._view = RunView(on_disk, saved, finals, finished)
+        return view
 
-        def note(state: ScheduleState) -> None:
-            identities = {step: checkpoint_identity(on_disk[step]) for step in state.retry_candidates(on_disk)}
-            state.observe(on_disk, gone, identities)
-            state.complete = state.complete or (finished and not state.pending and not state.cancelled)
-
-        state = schedules.update(self.run_dir, self.name, note)
-        return state, (state.pending[0] if state.pending and state.active() else None)
-
-    def evaluate(self, step: int, stop: threading.Event) -> None:
-        """Evaluate one checkpoint; its result line is appended before the step is recorded done."""
-        path = self._seen[0][step]
-        # The write evaluated: a step settled missing or failed on it is retried once the run saves the step again.
-        seen_as = checkpoint_identity(path)
+    def launch(self, step: int, cpus: float | None = None) -> None:
+        """Start evaluating a due step. Its checkpoint is verified first: a damaged one is failed and a gone one
+        missing, with no evaluator started."""
+        path = self._look().on_disk.get(step) or str(checkpoint_dir(self.run_dir / CHECKPOINTS_DIR, step))
+        seen_as = checkpoint_identity(path)  # the write evaluated (a step settled on it is due again once re-saved)
         try:
             verify(path, MODEL_FILES)
         except (CorruptCheckpoint, FileNotFoundError) as err:
-            self._settle(step, "missing" if not Path(path).exists() else "failed", str(err), seen_as)
+            self._settle(step, missing=not Path(path).exists(), why=str(err), identity=seen_as, path=path)
             return
-        ref = self._evaluator().evaluate.remote(path, step)
-        while not ray.wait([ref], timeout=self.poll_s)[0]:
-            if stop.is_set() or schedules.load(self.run_dir, self.name).cancelled:
-                self._release_evaluator()
-                return
-            schedules.touch_heartbeat(self.run_dir, self.name)
+        if cpus is None:
+            cpus, _ = self._sizing(step)
+        options = options_dict(IntrinsicOptions.from_run_config(self.config))
         try:
-            result = ray.get(ref)
-        except RayTaskError as err:
-            gone = not Path(path).exists()
+            evaluator = IntrinsicEvaluator.options(
+                name=evaluator_prefix(self.run_dir, self.name, step) + uuid.uuid4().hex[:8],
+                namespace=RAY_NAMESPACE,
+                num_cpus=cpus,
+                max_restarts=0,
+            ).remote(self.spec.heldout, options, None, self._tasks())
+            self.running[step] = Launch(evaluator.evaluate.remote(path, step), evaluator, path, seen_as)
+        except (RayError, ValueError) as err:
+            self._settle(step, missing=False, why=f"could not launch an evaluator: {err}", identity=seen_as, path=path)
+
+    def collect(self) -> None:
+        """Record every finished evaluation; an evaluator that died leaves its step due (relaunched by the next pass)
+        up to MAX_EVALUATOR_DEATHS times."""
+        if not self.running:
+            return
+        refs = {launch.ref: step for step, launch in self.running.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        if ready and schedules.load(self.run_dir, self.name).cancelled:
+            self.release()  # a cancelled schedule records nothing more
+            return
+        for ref in ready:
+            step = refs[ref]
+            launch = self.running.pop(step)
+            self._record(step, launch)
+            ray.kill(launch.evaluator, no_restart=True)
+
+    def _record(self, step: int, launch: Launch) -> None:
+        try:
+            result = ray.get(launch.ref, timeout=0)
+        except RayTaskError as err:  # the evaluation raised: retrying would raise again
+            gone = not Path(launch.path).exists()
             why = "deleted while it was evaluated" if gone else _last(err)
-            self._settle(step, "missing" if gone else "failed", why, seen_as)
-            return
-        except RayError as err:  # the evaluator died: a new one tries again, up to MAX_EVALUATOR_DEATHS times
-            self.evaluator = None
-            self.deaths[step] = self.deaths.get(step, 0) + 1
-            if self.deaths[step] > MAX_EVALUATOR_DEATHS:
-                self._settle(step, "failed", f"evaluator died {self.deaths[step]} times: {_last(err)}", seen_as)
-            return
-        if schedules.load(self.run_dir, self.name).cancelled:
-            return
-        run_log.append(self.run_dir, result_record(self.name, step, result))
-        schedules.update(self.run_dir, self.name, lambda s: s.mark_done(step, path))
+            self._settle(step, missing=gone, why=why, identity=launch.identity, path=launch.path)
+        except RayError as err:  # the evaluator died
+            deaths = self.deaths[step] = self.deaths.get(step, 0) + 1
+            if deaths > MAX_EVALUATOR_DEATHS:
+                why = f"evaluator died {deaths} times: {_last(err)}"
+                self._settle(step, missing=False, why=why, identity=launch.identity, path=launch.path)
+            else:
+                run_log.append_event(self.run_dir, step, "eval_retried", schedule=self.name, deaths=deaths,
+                                     reason=_last(err))  # fmt: skip
+        else:
+            evaluations.record_result(self.run_dir, self.spec, self.config, step, launch.path, result)
 
-    def _settle(self, step: int, how: str, why: str, seen_as: str) -> None:
-        mark = {"missing": ScheduleState.mark_missing, "failed": ScheduleState.mark_failed}[how]
-        schedules.update(self.run_dir, self.name, lambda s: mark(s, step, why, seen_as))
+    def _settle(self, step: int, *, missing: bool, why: str, identity: str, path: str) -> None:
+        evaluations.record_failure(
+            self.run_dir, self.spec, step, missing=missing, why=why, identity=identity, checkpoint=path
+        )
 
-    def _evaluator(self):
-        if self.evaluator is None:
-            cpus = schedule_cpus(self.spec.cpus, self.config, ray.cluster_resources().get("CPU", 0.0))
-            downstream = {
-                "tasks": list(self.spec.tasks),
-                "task_data": dict(zip(self.spec.tasks, self.spec.task_data, strict=True)),
-                "seeds": self.spec.task_seeds,
-                "max_steps": self.spec.task_max_steps,
-            }
-            options = options_dict(IntrinsicOptions.from_run_config(self.config))
-            self.evaluator = IntrinsicEvaluator.options(num_cpus=cpus, max_restarts=0).remote(
-                self.spec.heldout, options, None, downstream
-            )
-        return self.evaluator
+    def _sizing(self, step: int) -> tuple[float, int]:
+        """(CPUs per evaluator, evaluators at once) for this schedule now (see the module's docstring)."""
+        t, cluster_cpus = self.config.train, ray.cluster_resources().get("CPU", 0.0)
+        training_cpus = t.num_workers * t.cpus_per_worker
+        if self.name == RECIPE:
+            cpus, slots = evaluator_slots(self.spec.cpus, training_cpus=training_cpus, cluster_cpus=cluster_cpus)
+        else:
+            cpus, slots = schedule_cpus(self.spec.cpus, self.config, cluster_cpus), 1
+        if cpus < self.spec.cpus and not self._shared_noted:
+            self._shared_noted = True
+            run_log.append_event(
+                self.run_dir, step, "eval_cpus_shared", schedule=self.name, eval_cpus=self.spec.cpus,
+                cluster_cpus=cluster_cpus, training_cpus=training_cpus,
+                message="the cluster has no CPU beyond the training workers' own: evaluators run one at a time on 0 "
+                "CPUs, beside training",
+            )  # fmt: skip
+        return cpus, slots
 
-    def _release_evaluator(self) -> None:
-        if self.evaluator is not None:
-            ray.kill(self.evaluator, no_restart=True)
-            self.evaluator = None
+    def _tasks(self) -> dict[str, Any]:
+        """The downstream tasks each evaluation runs, as IntrinsicEvaluator takes them."""
+        return {
+            "tasks": list(self.spec.tasks),
+            "task_data": dict(zip(self.spec.tasks, self.spec.task_data, strict=True)),
+            "seeds": self.spec.task_seeds,
+            "max_steps": self.spec.task_max_steps,
+        }
+
+    def release(self) -> None:
+        """Stop the evaluations under way (their steps stay pending)."""
+        for launch in self.running.values():
+            ray.kill(launch.evaluator, no_restart=True)
+        self.running.clear()
 
 
 def _last(err: BaseException) -> str:

@@ -1,23 +1,24 @@
 """The run ledger: a run's record, as a plain, typed Python object persisted in the run directory.
 
-It holds the checkpoint index, the evaluation bookkeeping, the dropout state and the run's events, and owns two
-files besides the metrics log it appends to (services.rundir.log):
+It holds the checkpoint index, retention, the dropout state and the run's events, and owns one file besides the
+metrics log it appends to (services.rundir.log):
 
 - `ledger.json`: its state, written atomically after every change, so a ledger opened again (a restarted
   coordinator or rank-0 worker) carries on where the last one stopped. Lines that reached metrics.jsonl after the
-  last state write are reconciled when it opens: the last train step and finished evaluations are read back, and a
-  half-written last line is cut off. A run directory written before the file had its name holds `coordinator.json`:
-  read as it is, renamed once by the next ledger that opens it (a `ledger_file_renamed` event says so).
-- `eval.md`: the finished evaluations as a markdown table.
+  last state write are reconciled when it opens: the last train step is read back, and a half-written last line is
+  cut off. A run directory written before the file had its name holds `coordinator.json`: read as it is, renamed
+  once by the next ledger that opens it (a `ledger_file_renamed` event says so).
 
 The checkpoint index is a cache of the run's checkpoints/ folder (services.rundir.checkpoints owns it), rebuilt
 from it whenever the record is read: a run directory copied or moved elsewhere names its own checkpoints, and the
 newest good checkpoint is the one on disk that verifies, for a resume, `--dry-run` and `albert status` alike.
-Retention keeps the last `train.keep_last` checkpoints, the best by held-out MLM accuracy, and any checkpoint an
-evaluation or an active evaluation schedule (services.rundir.schedules) is still pending on; the rest are deleted.
-The ledger decides when an evaluation is due and records its outcome; running evaluators is the coordinator actor's
-job (services.train.coordinator), which wraps a ledger. A run without a coordinator uses a ledger directly from
-its rank-0 worker (no evaluations).
+Retention keeps the last `train.keep_last` checkpoints and those evaluation still needs (services.rundir.evaluations:
+the best by the run's held-out MLM accuracy, and any an active evaluation schedule has still to evaluate); the rest
+are deleted (checkpoints.retain: only the run's own). Evaluations are not the ledger's: the run's recipe [eval] is
+its evaluation schedule, run by the coordinator actor (services.train.coordinator), which wraps a ledger; a run
+directory whose ledger file still holds evaluations (written before they were a schedule) has them moved into that
+schedule when a ledger opens it. A run without a coordinator uses a ledger directly from its rank-0 worker (no
+evaluations).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from albert_core.files import CorruptCheckpoint, atomic_write_bytes, read_state_json
+from services.rundir import evaluations, schedules
 from services.rundir import log as run_log
-from services.rundir import schedules
 from services.rundir.checkpoints import (
     CHECKPOINTS_DIR,
     CheckpointEntry,
@@ -46,30 +46,16 @@ from services.rundir.checkpoints import (
     verify,
 )
 from services.rundir.config import RunConfig, config_changes, config_hash
-from services.rundir.health import plateau
 
 log = logging.getLogger(__name__)
 
 LEDGER_FILE = "ledger.json"
 OLD_LEDGER_FILE = "coordinator.json"  # its name before issue 35: read, and renamed by the next ledger that opens it
-EVAL_TABLE_FILE = "eval.md"
 STATE_VERSION = 1
-EVAL_COLUMNS = ("mlm_acc", "mlm_loss", "sop_acc", "nsp_acc", "unigram_acc", "mlm_margin")
 _RESERVED_KEYS = ("kind", "time")
 
 
 # --- typed state (its JSON form is ledger.json) -----------------------------------------------------------------
-
-
-@dataclass
-class EvalEntry:
-    step: int
-    path: str
-    status: str = "pending"  # pending | done | failed
-    metrics: dict[str, Any] | None = None
-    error: str | None = None
-    launches: int = 0
-    deaths: int = 0
 
 
 @dataclass
@@ -121,10 +107,7 @@ class LedgerState:
     last_train: TrainLine | None = None
     checkpoints: list[CheckpointEntry] = field(default_factory=list)  # by step: a cache of checkpoints/
     refused: list[RefusedCheckpoint] = field(default_factory=list)
-    evals: list[EvalEntry] = field(default_factory=list)
-    last_eval_scheduled: int | None = None
     finished: bool = False  # the run's last checkpoint was saved
-    plateau: bool = False  # a plateau event was reported and no evaluation has left it since
     config_history: list[ConfigChange] = field(default_factory=list)  # each config replaced, oldest first
     stop_request: StopRequest | None = None  # the last stop the driver asked for
 
@@ -134,8 +117,9 @@ class LedgerState:
     @classmethod
     def from_json(cls, text: str, source: Path) -> LedgerState:
         data = read_state_json(text, source, STATE_VERSION)
+        legacy = {key: data.pop(key) for key in _LEGACY_EVAL_KEYS if key in data}
         last = data.pop("last_train")
-        return cls(
+        state = cls(
             **{k: v for k, v in data.items() if k not in _NESTED},
             last_train=TrainLine(**last) if last else None,
             config_history=[ConfigChange(**c) for c in data.get("config_history", [])],
@@ -143,24 +127,24 @@ class LedgerState:
             dropout=DropoutState(**data["dropout"]),
             checkpoints=[CheckpointEntry(**c) for c in data["checkpoints"]],
             refused=[RefusedCheckpoint(**r) for r in data["refused"]],
-            evals=[EvalEntry(**e) for e in data["evals"]],
         )
+        state.legacy_evals = legacy.get("evals", [])  # not a field: RunLedger moves them to the run's schedule
+        return state
 
 
-_NESTED = ("dropout", "checkpoints", "refused", "evals", "config_history", "stop_request")  # built by from_json
+_NESTED = ("dropout", "checkpoints", "refused", "config_history", "stop_request")  # built by from_json
+# A run made before its evaluations were a schedule (services.rundir.evaluations) kept them here.
+_LEGACY_EVAL_KEYS = ("evals", "last_eval_scheduled", "plateau")
 
 
 @dataclass
 class SaveResult:
     accepted: bool
-    eval_due: EvalEntry | None = None  # an evaluation the caller should launch now
     deleted: list[str] = field(default_factory=list)
     reason: str | None = None
-    already_scheduled: bool = False  # a retried call for a checkpoint whose evaluation exists
 
     def to_dict(self) -> dict[str, Any]:
-        scheduled = self.eval_due is not None or self.already_scheduled
-        out = {"accepted": self.accepted, "eval_scheduled": scheduled, "deleted": self.deleted}
+        out = {"accepted": self.accepted, "deleted": self.deleted}
         if self.reason is not None:
             out["reason"] = self.reason
         return out
@@ -170,11 +154,9 @@ class SaveResult:
 
 
 class RunLedger:
-    def __init__(self, run_dir: str | Path, run_name: str, config_dict: dict[str, Any], *, evaluates: bool = True):
-        """evaluates=False: nothing runs evaluations for this run, so none is ever scheduled."""
+    def __init__(self, run_dir: str | Path, run_name: str, config_dict: dict[str, Any]):
         self.run_dir = Path(run_dir).resolve()
         self.checkpoints_root = self.run_dir / CHECKPOINTS_DIR
-        self.evaluates = evaluates
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config = RunConfig.from_dict(config_dict, source="run config")
         renamed = _rename_old_ledger_file(self.run_dir)
@@ -198,13 +180,15 @@ class RunLedger:
             self.event(self.state.step, "run_dir_moved", previous=str(previous))
         self._sync_index(logged)
         self._adopt_config(config_dict)
+        self._move_legacy_evaluations()
         self.save()
 
     def _sync_index(self, logged: dict[int, bool]) -> None:
         """The checkpoint index rebuilt from disk (checkpoints.reindex). A checkpoint the cache missed (its
         coordinator was killed between the checkpoint_saved line and the state write, or before the train loop's
-        call reached it) gets the evaluation it was due, a final one's off the schedule (the run is then finished).
-        `logged`: step -> final, of the saves the metrics log holds (a call still to come is not a retry)."""
+        call reached it) is indexed again; a final one means the run is finished. Its evaluation is the run's
+        schedule's, which reads the disk and the log itself (services.eval.schedule). `logged`: step -> final, of
+        the saves the metrics log holds (a call still to come is not a retry)."""
         found = reindex(self.checkpoints_root, self.state.checkpoints)
         self.state.checkpoints = found.index
         for entry in found.gone:
@@ -213,8 +197,13 @@ class RunLedger:
             final, entry.reported = logged.get(entry.step, False), entry.step in logged
             self.event(entry.step, "checkpoint_reindexed", path=entry.path)
             self.state.finished = self.state.finished or final or entry.step >= self.config.optim.total_steps
-            if self._eval_due(entry.step, final):
-                self.schedule_eval(entry.step, entry.path)
+
+    def _move_legacy_evaluations(self) -> None:
+        """A run made before its evaluations were a schedule: they move to its schedule's file, said once."""
+        legacy = getattr(self.state, "legacy_evals", [])
+        if moved := evaluations.migrate_ledger_evaluations(self.run_dir, self.config, legacy):
+            where = schedules.state_path(self.run_dir, schedules.RECIPE)
+            self.event(self.state.step, "evaluations_moved", count=moved, to=str(where))
 
     def _adopt_config(self, config_dict: dict[str, Any]) -> None:
         """The run's config of record becomes the one this start uses (schedules and retention read it: a resume
@@ -252,14 +241,14 @@ class RunLedger:
     def checkpoint_saved(
         self, step: int, path: str, metrics: dict[str, Any] | None = None, *, final: bool = False
     ) -> SaveResult:
-        """Verify and index a checkpoint of this run's checkpoints/, schedule its evaluation when one is due, apply
-        retention."""
+        """Verify and index a checkpoint of this run's checkpoints/, apply retention (its evaluation is the run's
+        schedule's: the coordinator has its scheduler observe it)."""
         step = check_step(step)
         given, path = str(path), str(self.checkpoints_root / Path(path).name)  # the index names it as reindex does
         reason = own_step_dir(self.checkpoints_root, given, step)
         known = self.checkpoint(step)
         if reason is None and known is not None and known.path == path and known.reported:  # a retried call
-            return SaveResult(True, already_scheduled=self.evaluation(step) is not None)
+            return SaveResult(True)
         if reason is None:
             try:
                 verify(path)
@@ -274,16 +263,14 @@ class RunLedger:
             self.state.checkpoints.remove(known)
             if known.path != path:
                 self.event(step, "checkpoint_replaced", path=path, previous_path=known.path)
-        self.state.checkpoints.append(CheckpointEntry(step, path, plain(metrics or {}), time.time()))
+        self.state.checkpoints.append(CheckpointEntry(step, path, run_log.plain(metrics or {}), time.time()))
         self.state.checkpoints.sort(key=lambda c: c.step)
         final_mark = {"final": True} if final else {}  # the run's last: a reopened ledger reads it back
         self.event(step, "checkpoint_saved", path=path, **final_mark)
         self.state.finished = self.state.finished or final or step >= self.config.optim.total_steps
-        due = self.schedule_eval(step, path) if self._eval_due(step, final) else None
         deleted = self.apply_retention()
         self.save()
-        scheduled = due is None and known is not None and self.evaluation(step) is not None  # by _sync_index
-        return SaveResult(True, eval_due=due, deleted=deleted, already_scheduled=scheduled)
+        return SaveResult(True, deleted=deleted)
 
     def latest_good_checkpoint(self) -> str | None:
         """The newest checkpoint on disk that verifies (checkpoints.latest_good, as `--dry-run` and `albert status`
@@ -313,90 +300,17 @@ class RunLedger:
         request = self.state.stop_request
         return request.signal if request is not None and request.session == session else None
 
-    # --- evaluations ---
-
-    def _eval_due(self, step: int, final: bool) -> bool:
-        if not self.evaluates:
-            return False
-        existing = self.evaluation(step)
-        if existing is not None and existing.status in ("pending", "done"):
-            return False
-        every = self.config.eval.every_steps
-        last = self.state.last_eval_scheduled
-        on_schedule = every > 0 and step // every > (last if last is not None else 0) // every
-        return on_schedule or final or step >= self.config.optim.total_steps
-
-    def schedule_eval(self, step: int, path: str) -> EvalEntry:
-        entry = self.evaluation(step)
-        if entry is None:
-            entry = EvalEntry(step, path)
-            self.state.evals.append(entry)
-        entry.status, entry.path, entry.metrics, entry.error = "pending", path, None, None
-        last = self.state.last_eval_scheduled
-        self.state.last_eval_scheduled = step if last is None else max(last, step)
-        return entry
-
-    def eval_done(self, entry: EvalEntry, result: dict[str, Any]) -> None:
-        metrics = {k: v for k, v in plain(result).items() if k not in ("step", "checkpoint", "time")}
-        entry.status, entry.metrics, entry.error = "done", metrics, None
-        record = {"step": entry.step, "time": time.time(), "kind": "eval", "checkpoint": entry.path, **metrics}
-        run_log.append(self.run_dir, record)
-        self._check_plateau()
-
-    def _check_plateau(self) -> None:
-        """A plateau event when the last evaluations sit on the unigram baseline (once, until one leaves it)."""
-        done = sorted((e for e in self.state.evals if e.status == "done"), key=lambda e: e.step)
-        evals = [(e.step, e.metrics["mlm_acc"], e.metrics["unigram_acc"]) for e in done if "unigram_acc" in e.metrics]
-        if not evals:
-            return
-        finding = plateau(
-            evals,
-            warmup_steps=self.config.optim.warmup_steps,
-            margin=self.config.eval.plateau_margin,
-            count=self.config.eval.plateau_evals,
-        )
-        if finding is not None and not self.state.plateau:
-            self.event(evals[-1][0], finding.event, **finding.fields())
-        self.state.plateau = finding is not None
-
-    def eval_failed(self, entry: EvalEntry, error: str) -> None:
-        entry.status, entry.error = "failed", error
-        self.event(entry.step, "eval_failed", path=entry.path, reason=error)
-
-    def evaluation(self, step: int) -> EvalEntry | None:
-        return next((e for e in self.state.evals if e.step == step), None)
-
-    def pending_evals(self) -> list[EvalEntry]:
-        return [e for e in self.state.evals if e.status == "pending"]
-
-    def eval_counts(self) -> dict[str, int]:
-        counts = {"pending": 0, "done": 0, "failed": 0}
-        for entry in self.state.evals:
-            counts[entry.status] += 1
-        return counts
-
-    def evals_finished(self) -> None:
-        """After evaluations changed: retention may free checkpoints, the table is rewritten, the state saved."""
-        self.apply_retention()
-        atomic_write_bytes(self.run_dir / EVAL_TABLE_FILE, eval_table(self.state).encode())
-        self.save()
-
     # --- checkpoints ---
 
     def checkpoint(self, step: int) -> CheckpointEntry | None:
         return next((c for c in self.state.checkpoints if c.step == step), None)
 
     def apply_retention(self) -> list[str]:
-        """Delete checkpoints that are not among the last keep_last, not the best evaluated, not being evaluated,
-        not held by a live evaluation schedule (checkpoints.retain deletes only this run's own)."""
+        """Delete checkpoints that are not among the last keep_last and that evaluation does not need
+        (evaluations.kept_steps); checkpoints.retain deletes only this run's own."""
         checkpoints = self.state.checkpoints
-        keep = {e.step for e in self.pending_evals()}
-        best = best_evaluation(self.state)
-        if best is not None:
-            keep.add(best.step)
         lease_s = self.config.eval.schedule_lease_s
-        held, lapsed = schedules.held_and_lapsed(self.run_dir, [c.step for c in checkpoints], lease_s)
-        keep |= held
+        keep, lapsed = evaluations.kept_steps(self.run_dir, [(c.step, c.path) for c in checkpoints], lease_s)
         for lease in lapsed:  # its scheduler is gone: retention deletes old checkpoints again
             self.event(
                 self.state.step, "schedule_lease_expired", **lease, lease_s=lease_s,
@@ -430,7 +344,7 @@ class RunLedger:
     # --- files ---
 
     def event(self, step: int, event: str, **fields: Any) -> None:
-        run_log.append(self.run_dir, {"step": step, "time": time.time(), "kind": "event", "event": event, **fields})
+        run_log.append_event(self.run_dir, step, event, **fields)
 
     def save(self) -> None:
         atomic_write_bytes(self.run_dir / LEDGER_FILE, self.state.to_json().encode())
@@ -449,26 +363,10 @@ class RunLedger:
                 metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind")}
                 self.state.last_train = TrainLine(record["step"], metrics)
                 self.state.step = record["step"]
-            elif record.get("kind") == "eval":
-                entry = self.evaluation(record["step"])
-                if entry is not None and entry.status == "pending":
-                    entry.status, entry.error = "done", None
-                    entry.metrics = {k: v for k, v in record.items() if k not in ("step", "time", "kind", "checkpoint")}
         return logged
 
 
 # --- reading a run's record --------------------------------------------------------------------------------------
-
-
-def best_evaluation(state: LedgerState) -> EvalEntry | None:
-    """The finished evaluation of an indexed checkpoint with the highest held-out MLM accuracy (later step on ties)."""
-    indexed = {(c.step, c.path) for c in state.checkpoints}
-    done = [
-        e
-        for e in state.evals
-        if e.status == "done" and (e.step, e.path) in indexed and _finite((e.metrics or {}).get("mlm_acc"))
-    ]
-    return max(done, key=lambda e: (e.metrics["mlm_acc"], e.step), default=None)
 
 
 def ledger_path(run_dir: str | Path) -> Path:
@@ -490,33 +388,14 @@ def _rename_old_ledger_file(run_dir: Path) -> bool:
 
 def adopt_run_dir(state: LedgerState, run_dir: Path) -> Path | None:
     """A run directory copied or moved (`cp -a runs/s1 runs/s5`) holds its source's record: make it this
-    directory's (its name the run's), the evaluations it names pointing at this directory's checkpoints. Returns the
-    source, if moved."""
+    directory's (its name the run's; its checkpoint index is rebuilt from its own checkpoints/, and its evaluations
+    are matched to them by step and directory name: evaluations.best_checkpoint). Returns the source, if moved."""
     previous = Path(state.run_dir)
     if previous == run_dir:
         return None
     state.run_name = run_dir.name  # a run's directory is <run.output_dir>/<run.name>
-    for entry in state.evals:
-        if Path(entry.path).is_relative_to(previous):
-            entry.path = str(run_dir / Path(entry.path).relative_to(previous))
     state.run_dir = str(run_dir)
     return previous
-
-
-def eval_table(state: LedgerState) -> str:
-    lines = [
-        "| step | " + " | ".join(EVAL_COLUMNS) + " | checkpoint |",
-        "|---:|" + "---:|" * len(EVAL_COLUMNS) + "---|",
-    ]
-    for entry in sorted(state.evals, key=lambda e: e.step):
-        if entry.status == "done":
-            cells = [markdown_cell(entry.metrics.get(name)) for name in EVAL_COLUMNS]
-        elif entry.status == "failed":
-            cells = ["failed"] + [""] * (len(EVAL_COLUMNS) - 1)
-        else:
-            continue
-        lines.append(f"| {entry.step} | " + " | ".join(cells) + f" | {Path(entry.path).name} |")
-    return "\n".join(lines) + "\n"
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------
@@ -540,7 +419,7 @@ def _train_metrics(step: Any, metrics: Any) -> dict[str, Any]:
     step = check_step(step)
     if not isinstance(metrics, dict):
         raise ValueError(f"report(step={step}): metrics must be a dict, got {type(metrics).__name__}")
-    metrics = plain(metrics)
+    metrics = run_log.plain(metrics)
     reserved = [key for key in _RESERVED_KEYS if key in metrics]
     if reserved:
         raise ValueError(f"report(step={step}): metrics key {reserved[0]!r} is reserved for the metrics log")
@@ -548,25 +427,3 @@ def _train_metrics(step: Any, metrics: Any) -> dict[str, Any]:
         raise ValueError(f"report(step={step}): metrics carry a different step ({metrics['step']})")
     metrics.pop("step", None)
     return metrics
-
-
-def plain(value: Any) -> Any:
-    """JSON-ready copy: numpy / torch scalars become Python numbers, keys become strings."""
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, (str, bool, int, float)) or value is None:
-        return value
-    if hasattr(value, "item"):
-        return value.item()
-    raise ValueError(f"metrics value {value!r} ({type(value).__name__}) is not a number, string, list or dict")
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def markdown_cell(value: Any) -> str:
-    """A metric as a markdown table cell: floats to 4 places, None empty."""
-    return f"{value:.4f}" if isinstance(value, float) else str(value if value is not None else "")

@@ -1,12 +1,13 @@
 """The run's metrics log, `<run_dir>/metrics.jsonl`: its one name, its one writer and its readers.
 
 One JSON object per line with "step", "time" and "kind": "train" (what the train loop reported), "eval"
-(held-out and downstream metrics of a checkpoint) or "event" (run events: resumes, dropout changes, checkpoints
-saved / refused / deleted, training health, evaluation failures). Lines are appended whole with one write; a
-line torn by a crash is cut off when the log is next opened for writing (`repair`) and skipped by readers.
-Writers in other processes (an evaluation schedule, services.eval.schedule, beside the run's coordinator) take the log's
-advisory lock (`.metrics.jsonl.lock`) for every append and rewrite, so an append never lands in a copy that a
-rewrite is about to replace.
+(held-out and downstream metrics of a checkpoint, the run's own evaluations), "schedule_eval" (those of another
+evaluation schedule, with its name) or "event" (run events: resumes, dropout changes, checkpoints saved / refused /
+deleted, training health, evaluation failures). Lines are appended whole with one write; a line torn by a crash is
+cut off when the log is next opened for writing (`repair`) and skipped by readers. Writers in other processes and
+threads (the evaluation schedulers, services.eval.schedule, beside the run's ledger) take the log's advisory lock
+(`.metrics.jsonl.lock`) for every append and rewrite, so an append never lands in a copy that a rewrite is about to
+replace.
 """
 
 from __future__ import annotations
@@ -14,13 +15,23 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from albert_core.files import METRICS_FILE, atomic_write_bytes, file_lock
 
-__all__ = ["METRICS_FILE", "append", "drop_train_lines_from", "follow", "read_metrics", "repair"]
+__all__ = [
+    "METRICS_FILE",
+    "append",
+    "append_event",
+    "drop_train_lines_from",
+    "follow",
+    "plain",
+    "read_metrics",
+    "repair",
+]
 log = logging.getLogger(__name__)
 LOCK_FILE = f".{METRICS_FILE}.lock"
 
@@ -58,6 +69,24 @@ def append(run_dir: str | Path, record: dict[str, Any]) -> None:
     with file_lock(Path(run_dir) / LOCK_FILE), open(Path(run_dir) / METRICS_FILE, "a") as f:
         f.write(line)
         f.flush()
+
+
+def append_event(run_dir: str | Path, step: int, event: str, **fields: Any) -> None:
+    """Append a run event line."""
+    append(run_dir, {"step": step, "time": time.time(), "kind": "event", "event": event, **fields})
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready copy of a line's values: numpy / torch scalars become Python numbers, keys become strings."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if hasattr(value, "item"):
+        return value.item()
+    raise ValueError(f"metrics value {value!r} ({type(value).__name__}) is not a number, string, list or dict")
 
 
 def repair(run_dir: str | Path) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from services.rundir import schedules
-from services.rundir.ledger import markdown_cell
+from services.rundir.evaluations import markdown_cell
 from services.rundir.log import METRICS_FILE, follow, last_per_step, read_metrics
 from services.terminal import printable
 

@@ -1,10 +1,14 @@
 """An evaluation schedule's durable state: `<run_dir>/schedules/NAME.json`, its one owner.
 
-A schedule (`albert eval schedule RUN --every N`) evaluates every checkpoint of a run whose step is a multiple of
-`every`, once. Its file holds what it was asked to do (`ScheduleSpec`) and where it stands: the steps done (their
-result line is in the run's metrics log, kind "schedule_eval" with the schedule's name), missing (the checkpoint
-was gone before the schedule could evaluate it, with the reason), failed (the evaluation raised), pending (seen on
-disk, not yet settled), and whether it was cancelled or is complete (the run finished and nothing is pending).
+A schedule evaluates, once each, the checkpoints of a run that are the first at or past each multiple of `every`
+(every multiple, when checkpoints fall on them), and with `final` the run's last checkpoint too. The run's own
+schedule, RECIPE, comes from its recipe's [eval] (services.rundir.evaluations); `albert eval schedule RUN --every N`
+adds others. All are run by the one orchestrator, services.eval.schedule. A schedule's file holds what it was asked
+to do (`ScheduleSpec`) and where it stands: the steps done (with their metrics; the result line is in the run's
+metrics log: kind "eval" for RECIPE, "schedule_eval" with the schedule's name for the others), missing (the
+checkpoint was gone before the schedule could evaluate it, with the reason), failed (the evaluation raised or the
+checkpoint was damaged), pending (seen on disk, not yet settled), and whether it was cancelled or is complete (the
+run finished and nothing is pending).
 
 Exactly once: a step is recorded done only after its result line was appended to metrics.jsonl, and a scheduler
 that starts reconciles the file from metrics.jsonl (a result line already there = done), so a crash between the
@@ -33,7 +37,9 @@ from albert_core.files import atomic_write_bytes, file_lock, read_state_json
 from services.rundir.checkpoints import checksum_file
 
 SCHEDULES_DIR = "schedules"
-RESULT_KIND = "schedule_eval"  # the kind of a schedule's result lines in metrics.jsonl
+RECIPE = "recipe"  # the run's own schedule, from its recipe's [eval] (services.rundir.evaluations)
+RECIPE_RESULT_KIND = "eval"  # the kind of its result lines in metrics.jsonl: the run's held-out evaluations
+RESULT_KIND = "schedule_eval"  # the kind of another schedule's result lines (with its name)
 HEARTBEAT_SUFFIX = ".alive"  # touched by the scheduler while it runs
 LIVE_WITHIN_S = 30.0
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -43,7 +49,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    """What a schedule evaluates; fixed when it is created (attaching again with another spec is refused)."""
+    """What a schedule evaluates; fixed when it is created (attaching again with another spec is refused), but for
+    the run's own, RECIPE, whose spec follows the recipe's [eval] (`adopt`)."""
 
     name: str
     every: int
@@ -53,9 +60,20 @@ class ScheduleSpec:
     task_seeds: int = 0  # 0: the task's protocol
     task_max_steps: int = 0
     cpus: float = 1.0  # per evaluator, only out of CPUs beyond training's (services.eval.schedule.schedule_cpus)
+    final: bool = False  # also the run's last checkpoint, whatever its step (the run's own schedule)
 
     def matches(self, step: int) -> bool:
-        return step > 0 and step % self.every == 0
+        return self.every > 0 and step > 0 and step % self.every == 0
+
+    @property
+    def result_kind(self) -> str:
+        return RECIPE_RESULT_KIND if self.name == RECIPE else RESULT_KIND
+
+    def owns(self, record: dict[str, Any]) -> bool:
+        """Whether a metrics.jsonl line is one of this schedule's results (the run's "eval" lines are RECIPE's)."""
+        if record.get("kind") != self.result_kind:
+            return False
+        return self.name == RECIPE or record.get("schedule") == self.name
 
     def same_job(self, other: ScheduleSpec) -> bool:
         """Same steps, same evaluation (the CPUs may differ between attachments)."""
@@ -63,7 +81,12 @@ class ScheduleSpec:
 
     def describe(self) -> str:
         tasks = f", tasks {', '.join(self.tasks)}" if self.tasks else ""
-        return f"every {self.every} steps, held-out {self.heldout}{tasks}"
+        return f"{self.when()}, held-out {self.heldout}{tasks}"
+
+    def when(self) -> str:
+        every = f"every {self.every} steps" if self.every else ""
+        end = "at the end" if self.final else ""
+        return " and ".join(part for part in (every, end) if part) or "never"
 
 
 @dataclass
@@ -71,9 +94,10 @@ class ScheduleState:
     spec: ScheduleSpec
     created: float = field(default_factory=time.time)
     done: dict[int, str] = field(default_factory=dict)  # step -> checkpoint evaluated
+    metrics: dict[int, dict[str, Any]] = field(default_factory=dict)  # step done -> its result's metrics
     missing: dict[int, str] = field(default_factory=dict)  # step -> why it could not be evaluated
     failed: dict[int, str] = field(default_factory=dict)  # step -> the evaluation's error
-    pending: list[int] = field(default_factory=list)  # matching checkpoints seen on disk, not settled yet
+    pending: list[int] = field(default_factory=list)  # covered checkpoints seen on disk, not settled yet
     # step -> the checkpoint (checkpoint_identity; "" when none was on disk) a missing or failed step was settled on:
     # one saved again at that step since (a resume) is due again
     settled_as: dict[int, str] = field(default_factory=dict)
@@ -83,6 +107,10 @@ class ScheduleState:
     # Its scheduler did not renew its lease (the heartbeat) for eval.schedule_lease_s: it holds no checkpoint from
     # retention until a scheduler runs it again (which reports the steps it missed meanwhile).
     lease_lapsed: bool = False
+    # Steps due besides the multiples of `every`, noted as they are seen: the first checkpoint past a multiple when
+    # checkpoints fall off the multiples, the run's last checkpoints (spec.final), evaluations a run made before its
+    # recipe's were a schedule had left pending.
+    extra_steps: list[int] = field(default_factory=list)
     version: int = VERSION
 
     # --- decisions (pure) ---
@@ -93,16 +121,28 @@ class ScheduleState:
     def active(self) -> bool:
         return not (self.cancelled or self.complete)
 
-    def unsettled(self, steps: Iterable[int]) -> list[int]:
-        """The matching steps among `steps` that are neither done, missing nor failed, in order."""
-        return sorted({s for s in steps if self.spec.matches(s) and not self.settled(s)})
+    def covers(self, step: int) -> bool:
+        """Whether the schedule evaluates the checkpoint of this step (as far as the steps seen so far tell)."""
+        return self.spec.matches(step) or step in self.extra_steps
 
-    def observe(self, on_disk: Iterable[int], saved: dict[int, str], identities: dict[int, str] | None = None) -> None:
+    def unsettled(self, steps: Iterable[int]) -> list[int]:
+        """The covered steps among `steps` that are neither done, missing nor failed, in order."""
+        return sorted({s for s in steps if self.covers(s) and not self.settled(s)})
+
+    def observe(
+        self,
+        on_disk: Iterable[int],
+        saved: dict[int, str],
+        identities: dict[int, str] | None = None,
+        finals: Iterable[int] = (),
+    ) -> None:
         """What the run has now: checkpoints on disk, and every step the run's log says was saved (step -> why it
-        is not on disk, for those gone). A matching step saved but no longer on disk and not settled is missing.
+        is not on disk, for those gone). A covered step saved but no longer on disk and not settled is missing.
         `identities`: of checkpoints on disk (at least those of missing or failed steps); a missing or failed step
-        whose checkpoint is another than the one it was settled on (saved again) is due again."""
+        whose checkpoint is another than the one it was settled on (saved again) is due again. `finals`: the steps
+        the run saved as its last (due with spec.final)."""
         on_disk = set(on_disk)
+        self.note_due(on_disk | set(saved), finals)
         for step, identity in (identities or {}).items():
             if step in on_disk and step in self.settled_as and self.settled_as[step] != identity:
                 self.missing.pop(step, None)
@@ -113,6 +153,17 @@ class ScheduleState:
                 self.mark_missing(step, saved[step])
         self.pending = self.unsettled(on_disk)
 
+    def note_due(self, saved: Iterable[int], finals: Iterable[int] = ()) -> None:
+        """Note the steps due off the multiples of `every` among every step the run saved: a checkpoint whose step
+        passes a multiple that the run's previous checkpoint had not, and the run's last ones (spec.final)."""
+        extra = set(self.extra_steps) | (set(finals) if self.spec.final else set())
+        previous = 0
+        for step in sorted(saved):
+            if self.spec.every and step // self.spec.every > previous // self.spec.every:
+                extra.add(step)
+            previous = step
+        self.extra_steps = sorted(s for s in extra if not self.spec.matches(s))
+
     def retry_candidates(self, on_disk: Iterable[int]) -> list[int]:
         """The missing or failed steps on disk whose checkpoint identity `observe` compares."""
         return sorted(set(on_disk) & (set(self.missing) | set(self.failed)))
@@ -122,16 +173,18 @@ class ScheduleState:
         taken = []
         for record in results:
             step = int(record["step"])
-            if record.get("schedule") == self.spec.name and step not in self.done:
+            if self.spec.owns(record) and step not in self.done:
                 self.done[step] = str(record.get("checkpoint", ""))
+                self.metrics[step] = result_metrics(record)
                 self.missing.pop(step, None)
                 self.failed.pop(step, None)
                 taken.append(step)
         self.pending = [s for s in self.pending if not self.settled(s)]
         return taken
 
-    def mark_done(self, step: int, checkpoint: str) -> None:
+    def mark_done(self, step: int, checkpoint: str, metrics: dict[str, Any] | None = None) -> None:
         self.done[step] = checkpoint
+        self.metrics[step] = dict(metrics or {})
         self.pending = [s for s in self.pending if s != step]
 
     def mark_failed(self, step: int, error: str, identity: str = "") -> None:
@@ -146,6 +199,7 @@ class ScheduleState:
         return {
             "name": self.spec.name,
             "every": self.spec.every,
+            "final": self.spec.final,
             "tasks": list(self.spec.tasks),
             "heldout": self.spec.heldout,
             "done": len(self.done),
@@ -177,7 +231,12 @@ class ScheduleState:
         return cls(spec=spec, **steps, **data)
 
 
-_BY_STEP = ("done", "missing", "failed", "settled_as")  # keyed by step: JSON keys are strings
+_BY_STEP = ("done", "metrics", "missing", "failed", "settled_as")  # keyed by step: JSON keys are strings
+
+
+def result_metrics(result: dict[str, Any]) -> dict[str, Any]:
+    """An evaluation's metrics, without what says which line or checkpoint it was."""
+    return {k: v for k, v in result.items() if k not in ("step", "time", "kind", "schedule", "checkpoint")}
 
 
 def checkpoint_identity(path: str | Path) -> str:
@@ -238,6 +297,19 @@ def update(run_dir: str | Path, name: str, change: Callable[[ScheduleState], Any
         change(state)
         if state.to_json() != before:  # the scheduler looks every few seconds; most looks change nothing
             atomic_write_bytes(state_path(run_dir, name), state.to_json().encode())
+        return state
+
+
+def adopt(run_dir: str | Path, spec: ScheduleSpec) -> ScheduleState:
+    """The schedule of `spec.name` with this spec: made when absent, else its spec replaced and what it settled kept
+    (the run's own schedule, whose spec follows the recipe's [eval], which a resume may change)."""
+    with file_lock(schedules_dir(run_dir) / f".{spec.name}.lock"):
+        path = state_path(run_dir, spec.name)
+        state = ScheduleState.from_json(path.read_text(), path) if path.is_file() else ScheduleState(spec)
+        before = state.to_json() if path.is_file() else ""
+        state.spec = spec
+        if state.to_json() != before:
+            atomic_write_bytes(path, state.to_json().encode())
         return state
 
 
@@ -309,10 +381,10 @@ def lease_age(run_dir: str | Path, state: ScheduleState, now: float | None = Non
 
 
 def held_and_lapsed(run_dir: str | Path, steps: Iterable[int], lease_s: float) -> tuple[set[int], list[dict]]:
-    """The checkpoint steps retention must keep: those an active schedule of the run still has to evaluate, while
-    its scheduler holds its lease (renewed within `lease_s` seconds); and the active schedules whose lease lapsed
-    since they last held (each marked `lease_lapsed` once, returned as {"schedule", "idle_s", "released": the steps
-    it no longer holds})."""
+    """The checkpoint steps retention must keep for the schedules: those an active schedule of the run still has to
+    evaluate, while its scheduler holds its lease (renewed within `lease_s` seconds); and the active schedules whose
+    lease lapsed since they last held (each marked `lease_lapsed` once, returned as {"schedule", "idle_s",
+    "released": the steps it no longer holds})."""
     steps = list(steps)
     held: set[int] = set()
     lapsed: list[dict] = []

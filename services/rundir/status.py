@@ -1,7 +1,8 @@
 """A run's status: `albert status RUN` reads it from the run directory alone (no Ray, no torch), a live coordinator
 from its ledger, in the same form: the ledger's record, its checkpoint index rebuilt from disk, the checkpoint a
-resume starts from (the one `--dry-run` names), the best evaluated checkpoint that still verifies, and whether the
-run's coordinator process is alive.
+resume starts from (the one `--dry-run` names), the run's own evaluations (its schedule "recipe":
+services.rundir.evaluations) with the best evaluated checkpoint that still verifies, the other evaluation schedules,
+and whether the run's coordinator process is alive.
 
 The coordinator writes its host and process id into `coordinator.alive` every HEARTBEAT_EVERY_S while it lives. On
 that host the run is live while that process runs (not a moment after it exits); read from another host, while the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import socket
 import time
@@ -19,10 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from albert_core.files import CorruptCheckpoint
-from services.rundir import schedules
+from albert_core.model.config import ConfigError
+from services.rundir import evaluations, schedules
 from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, reindex, verify
-from services.rundir.ledger import LEDGER_FILE, LedgerState, adopt_run_dir, best_evaluation, ledger_path
+from services.rundir.config import RunConfig
+from services.rundir.ledger import LEDGER_FILE, LedgerState, adopt_run_dir, ledger_path
+from services.rundir.schedules import ScheduleState
 
+log = logging.getLogger(__name__)
 HEARTBEAT_FILE = "coordinator.alive"
 HEARTBEAT_EVERY_S = 5.0
 LIVE_WITHIN_S = 30.0
@@ -37,9 +43,22 @@ def status_of(state: LedgerState, *, live: bool) -> dict[str, Any]:
         damaged[str(path)] = {"step": step, "path": str(path), "reason": str(err)}
 
     resume_from = latest_good(Path(state.run_dir) / CHECKPOINTS_DIR, on_damaged=note)
-    best = best_good(state, damaged, resume_from)
-    evals = {status: [e.step for e in state.evals if e.status == status] for status in ("pending", "done", "failed")}
-    metrics_of = {e.step: e.metrics for e in state.evals if e.status == "done"}
+
+    def good(step: int, path: str) -> bool:
+        """Whether the checkpoint verifies (the one a resume starts from was verified already)."""
+        if path in damaged:
+            return False
+        if path == str(resume_from):
+            return True
+        try:
+            verify(path)
+            return True
+        except CorruptCheckpoint as err:
+            note(step, Path(path), err)
+            return False
+
+    indexed = [(c.step, c.path) for c in state.checkpoints]
+    evals = evaluations.status_fields(run_evaluations(state), indexed, usable=good)
     return {
         "run_name": state.run_name,
         "run_dir": state.run_dir,
@@ -48,33 +67,31 @@ def status_of(state: LedgerState, *, live: bool) -> dict[str, Any]:
         "last_metrics": state.last_train.metrics if state.last_train else {},
         "dropout": dataclasses.asdict(state.dropout),
         "checkpoints": [
-            {"step": c.step, "path": c.path, "eval": metrics_of.get(c.step)}
+            {"step": c.step, "path": c.path, "eval": evals["metrics"].get(c.step)}
             for c in state.checkpoints
             if c.path not in damaged
         ],
         "resume_from": str(resume_from) if resume_from is not None else None,
-        "best_checkpoint": best,
-        "evals": evals,
+        "best_checkpoint": evals["best_checkpoint"],
+        "evals": evals["evals"],  # the run's own (its schedule "recipe"); the others follow
         "refused": [{"step": r.step, "path": r.path, "reason": r.reason} for r in state.refused]
         + sorted(damaged.values(), key=lambda d: d["step"]),
-        "schedules": schedules.summaries(state.run_dir),
+        "schedules": [s for s in schedules.summaries(state.run_dir) if s["name"] != schedules.RECIPE],
     }
 
 
-def best_good(state: LedgerState, damaged: dict[str, dict[str, Any]], good: Path | None) -> str | None:
-    """The path of the best evaluated checkpoint (ledger.best_evaluation) that verifies; damaged ones found on the
-    way are added to `damaged`. `good`: a checkpoint verified already."""
-    candidates = [c for c in state.checkpoints if c.path not in damaged]
-    while (best := best_evaluation(dataclasses.replace(state, checkpoints=candidates))) is not None:
-        if good is not None and best.path == str(good):
-            return best.path
-        try:
-            verify(best.path)
-            return best.path
-        except CorruptCheckpoint as err:
-            damaged[best.path] = {"step": best.step, "path": best.path, "reason": str(err)}
-            candidates = [c for c in candidates if c.path != best.path]
-    return None
+def run_evaluations(state: LedgerState) -> ScheduleState | None:
+    """The run's own evaluations: its schedule "recipe", or, in a run directory whose ledger file still holds them
+    (written before they were a schedule, not opened by a ledger since), those (evaluations.legacy_state)."""
+    recipe = evaluations.recipe_state(state.run_dir)
+    legacy = getattr(state, "legacy_evals", [])
+    if recipe is not None or not legacy:
+        return recipe
+    try:
+        return evaluations.legacy_state(RunConfig.from_dict(state.config, source="run config"), legacy)
+    except ConfigError as err:
+        log.warning("skipping the run's evaluations: %s", err)
+        return None
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any]:

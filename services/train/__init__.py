@@ -3,7 +3,7 @@
 Where things are:
 - cli.py         `albert pretrain`: its flags and handler
 - pretrain.py    the job: Ray, the run's coordinator, the trainer, the live view, the report
-- coordinator.py the run's coordinator actor (the ledger in services.rundir, plus evaluations on Ray)
+- coordinator.py the run's coordinator actor: its ledger (services.rundir) and its evaluation schedule (services.eval)
 - interrupt.py   Ctrl-C on the driver: a graceful stop first, at once on the second
 - driver.py      the one path from a command to the workers: `prepare_run` (a finished run, a resume's config
                  changes, the plan) and `launch(plan)` (one TorchTrainer), the result

@@ -1,15 +1,20 @@
-"""The run coordinator: one named Ray actor per run that wraps the run's ledger and runs its evaluations.
+"""The run coordinator: one named Ray actor per run, the run's record while it trains.
 
-The ledger (services.rundir.ledger) keeps the run's record: metrics log, checkpoint index and retention, evaluation
-bookkeeping, dropout state, ledger.json. The actor adds only what needs Ray: it launches an
-`IntrinsicEvaluator` actor for each evaluation the ledger finds due, without blocking, and collects results on
-every later call, in `poll()` and in `wait_for_evals()`. An evaluator that dies is relaunched up to
-MAX_EVAL_RETRIES times; one that raises is recorded as failed. Neither touches training. A restarted coordinator
-(`max_restarts=-1`) reopens the ledger and relaunches the evaluations that were pending.
+It keeps the run's ledger (services.rundir.ledger: the metrics log, the checkpoint index and retention, events,
+dropout changes, ledger.json), the driver's stop requests (a restarted coordinator of the same session still
+hands them to training) and the heartbeat with the stall check. A restarted coordinator (`max_restarts=-1`) reopens
+the ledger and carries on.
+
+Evaluation is not its own: the run's recipe [eval] is the run's evaluation schedule "recipe", which the coordinator
+adopts when it starts and runs with the one orchestrator, services.eval.schedule.Scheduler, in a thread beside its
+calls (the design: that module's docstring). A checkpoint saved wakes the scheduler, which observes it at once;
+the scheduler's gate opens when training reports, so that the evaluations a previous coordinator left pending never
+take the CPUs of a resumed run's workers first; `wait_for_evals` waits for it at the run's end.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -17,59 +22,34 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
 from albert_core.examples.shards import HELDOUT_FILE
 from services import RAY_NAMESPACE
 from services.cluster import coordinator_name
-from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, check_tasks, evaluator_slots, options_dict
+from services.eval.evaluate import check_tasks
+from services.eval.schedule import ScheduleBusy, Scheduler
+from services.rundir import evaluations, schedules
 from services.rundir.config import RunConfig
 from services.rundir.health import stalled
-from services.rundir.ledger import EvalEntry, RunLedger
+from services.rundir.ledger import RunLedger
 from services.rundir.status import HEARTBEAT_EVERY_S, status_of, touch_heartbeat
 
-MAX_EVAL_RETRIES = 2  # relaunches of an evaluator that died
-
-
-def evaluator_name(run_name: str, step: int, launch: int) -> str:
-    """Name of the evaluator actor for one launch of one step's evaluation (namespace "albert")."""
-    return f"albert-eval:{run_name}:{step}:{launch}"
+EVAL_POLL_S = 2.0  # how often the run's scheduler looks at the run between checkpoints
+log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class Coordinator:
-    def __init__(
-        self,
-        run_dir: str,
-        run_name: str,
-        config_dict: dict[str, Any],
-        heldout_path: str,
-        evaluator_options: dict[str, Any] | None = None,
-        session: str = "",
-    ):
+    def __init__(self, run_dir: str, run_name: str, config_dict: dict[str, Any], heldout_path: str, session: str = ""):
         """`session`: this run's start (get_or_create_coordinator draws one); Ray restarts the actor with the same
         arguments, so a restarted coordinator reads back the stop its session's driver asked for."""
         self.ledger = RunLedger(run_dir, run_name, config_dict)
-        self.run_name = run_name
         self.session = session
-        self.heldout_path = heldout_path
         config = self.ledger.config
-        self.intrinsic = IntrinsicOptions.from_run_config(config)
-        e = config.eval
-        self.downstream = {
-            "tasks": list(e.tasks),
-            "task_data": dict(e.task_data),
-            "seeds": e.task_seeds,
-            "max_steps": e.task_max_steps,
-        }
-        self.evaluator_options = dict(evaluator_options or {})
-        self._running: dict[int, tuple[ray.ObjectRef, Any]] = {}  # step -> (result ref, evaluator actor)
-        # Due evaluations wait here for a slot (see `evaluator_slots`). Those left pending by a previous coordinator
-        # (their evaluators died with it) wait until training reports its first step: a resumed run's workers get
-        # their CPUs before any evaluator asks for one.
-        self._queue: list[EvalEntry] = list(self.ledger.pending_evals())
-        self._training_started = False
-        self._shared_cpus_noted = False
+        schedules.adopt(self.ledger.run_dir, evaluations.recipe_spec(config, heldout_path))
+        self.training = threading.Event()  # set when training reports: the scheduler may launch evaluators then
+        self.scheduler = Scheduler(self.ledger.run_dir, schedules.RECIPE, poll_s=EVAL_POLL_S, gate=self.training)
+        threading.Thread(target=self._evaluate, name="albert-recipe-schedule", daemon=True).start()
         self._stop_requested = self.ledger.stop_requested(session)
         self._last_seen, self._stall_reported = time.monotonic(), False
         threading.Thread(target=self._watch, args=(config.train.stall_seconds,), daemon=True).start()
@@ -78,31 +58,29 @@ class Coordinator:
 
     def report(self, step: int, metrics: dict[str, Any]) -> None:
         """Append a train line; note resumes and dropout changes. Idempotent for a retried call."""
-        self._training_started = True
-        self._collect()
+        self.training.set()
         self._last_seen, self._stall_reported = time.monotonic(), False
         self.ledger.report(step, metrics)
 
     def checkpoint_saved(
         self, step: int, path: str, metrics: dict[str, Any] | None = None, *, final: bool = False
     ) -> dict[str, Any]:
-        """Verify, index, launch an evaluation when one is due, apply retention.
+        """Verify, index and apply retention (the ledger), then have the run's schedule observe the checkpoint.
 
         Returns {"accepted", "reason" (when refused), "eval_scheduled", "deleted": [paths]}. The run's last
-        checkpoint (step >= optim.total_steps, or `final=True` for a run stopped early) is evaluated even off the
-        every_steps schedule.
+        checkpoint (step >= optim.total_steps, or `final=True` for a run whose budget ended it) is evaluated even off
+        the every_steps schedule.
         """
-        self._training_started = True
-        self._collect()
-        result = self.ledger.checkpoint_saved(step, path, metrics, final=final)
-        if result.eval_due is not None:
-            self._queue.append(result.eval_due)
-            self._pump()
-            self.ledger.save()
-        return result.to_dict()
+        self.training.set()
+        result = self.ledger.checkpoint_saved(step, path, metrics, final=final).to_dict()
+        scheduled = False
+        if result["accepted"]:
+            state, _ = self.scheduler.observe()  # now: status and retention see the step due
+            scheduled = state.covers(step)
+            self.scheduler.wake.set()
+        return {**result, "eval_scheduled": scheduled}
 
     def latest_good_checkpoint(self) -> str | None:
-        self._collect()
         return self.ledger.latest_good_checkpoint()
 
     def event(self, step: int, event: str, fields: dict[str, Any]) -> None:
@@ -121,28 +99,42 @@ class Coordinator:
         """Polled by rank 0 after every step: the signal that asked for a stop, or None."""
         return self._stop_requested
 
-    # --- evaluations ---
-
-    def poll(self) -> dict[str, int]:
-        """Collect finished evaluations; returns the counts of pending / done / failed ones."""
-        self._collect()
-        return self.ledger.eval_counts()
+    # --- the run's evaluations ---
 
     def wait_for_evals(self, timeout: float | None = None) -> dict[str, int]:
-        """Block until no evaluation is pending (or `timeout` seconds pass); returns the counts."""
+        """Block until none of the run's own evaluations is pending (or `timeout` seconds pass); returns how many are
+        pending, done, failed and missing. Retention then frees the checkpoints only an evaluation held."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._training_started = True  # training is over: nothing left to wait for
-        self._collect()
-        while self._running:
+        self.training.set()  # training is over: nothing left to wait for
+        self.scheduler.wake.set()
+        while True:
+            state, _ = self.scheduler.observe()
             remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            if not state.pending or state.cancelled or (remaining is not None and remaining <= 0):
                 break
-            ray.wait([ref for ref, _ in self._running.values()], num_returns=1, timeout=remaining)
-            self._collect()
-        return self.ledger.eval_counts()
+            time.sleep(0.2 if remaining is None else min(0.2, remaining))
+        self.ledger.apply_retention()
+        self.ledger.save()
+        return evaluations.counts(state)
+
+    def _evaluate(self) -> None:
+        """The run's schedule, for as long as the actor lives: its loop ends when the schedule is complete (the
+        run's last checkpoint evaluated) and starts again at the next checkpoint saved (a resumed run trains on)."""
+        forever = threading.Event()
+        while True:
+            try:
+                self.scheduler.run(forever)
+            except ScheduleBusy:  # the process of this actor's previous incarnation is still going
+                time.sleep(EVAL_POLL_S)
+                continue
+            except Exception:
+                log.exception("the evaluations of %s failed; they go on at its next checkpoint", self.ledger.run_dir)
+            self.scheduler.wake.wait()
+            self.scheduler.wake.clear()
+
+    # --- reading and health ---
 
     def status(self) -> dict[str, Any]:
-        self._collect()
         return status_of(self.ledger.state, live=True)
 
     def check_stall(self) -> None:
@@ -170,85 +162,13 @@ class Coordinator:
                 me.check_stall.remote()
             time.sleep(every)
 
-    # --- internals ---
 
-    def _pump(self) -> None:
-        """Launch queued evaluations while there are free evaluator slots (the cluster is asked only when some wait:
-        this runs on every call of the train loop)."""
-        if not self._training_started or not self._queue:
-            return
-        t, wanted = self.ledger.config.train, self.ledger.config.eval.cpus
-        training_cpus, cluster_cpus = t.num_workers * t.cpus_per_worker, ray.cluster_resources().get("CPU", 0.0)
-        cpus, slots = evaluator_slots(wanted, training_cpus=training_cpus, cluster_cpus=cluster_cpus)
-        if cpus < wanted and not self._shared_cpus_noted:
-            self._shared_cpus_noted = True
-            self.ledger.event(
-                self.ledger.state.step, "eval_cpus_shared", eval_cpus=wanted, cluster_cpus=cluster_cpus,
-                training_cpus=training_cpus,
-                message="the cluster has no CPU beyond the training workers' own: evaluators run one at a time on 0 "
-                "CPUs, beside training",
-            )  # fmt: skip
-        while self._queue and len(self._running) < slots:
-            self._launch(self._queue.pop(0), cpus)
-
-    def _launch(self, entry: EvalEntry, cpus: float) -> None:
-        entry.launches += 1
-        try:
-            evaluator = IntrinsicEvaluator.options(
-                name=evaluator_name(self.run_name, entry.step, entry.launches),
-                namespace=RAY_NAMESPACE,
-                max_restarts=0,
-                **{"num_cpus": cpus, **self.evaluator_options},
-            ).remote(self.heldout_path, options_dict(self.intrinsic), None, self.downstream)
-            self._running[entry.step] = (evaluator.evaluate.remote(entry.path, entry.step), evaluator)
-        except (RayError, ValueError) as err:  # e.g. a name still held by a dead evaluator
-            self.ledger.eval_failed(entry, f"could not launch an evaluator: {err}")
-
-    def _collect(self) -> None:
-        """Record every finished evaluation; relaunch evaluators that died, up to MAX_EVAL_RETRIES times."""
-        self._pump()
-        if not self._running:
-            return
-        refs = {ref: step for step, (ref, _) in self._running.items()}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
-        for ref in ready:
-            step = refs[ref]
-            _, evaluator = self._running.pop(step)
-            self._record(self.ledger.evaluation(step), ref)
-            ray.kill(evaluator, no_restart=True)
-        if ready:
-            self.ledger.evals_finished()
-            self._pump()
-
-    def _record(self, entry: EvalEntry, ref: ray.ObjectRef) -> None:
-        try:
-            result = ray.get(ref, timeout=0)
-        except RayTaskError as err:  # the evaluation raised: retrying would raise again
-            self.ledger.eval_failed(entry, _error_summary(err))
-        except (RayActorError, RayError, GetTimeoutError) as err:  # the evaluator died
-            entry.deaths += 1
-            if entry.deaths <= MAX_EVAL_RETRIES:
-                self.ledger.event(entry.step, "eval_retried", deaths=entry.deaths, reason=_error_summary(err))
-                self._queue.insert(0, entry)
-            else:
-                self.ledger.eval_failed(entry, f"evaluator died {entry.deaths} times: {_error_summary(err)}")
-        else:
-            self.ledger.eval_done(entry, result)
-
-
-def get_or_create_coordinator(
-    run_dir: str | Path,
-    run_name: str,
-    config_dict: dict[str, Any],
-    *,
-    lifetime: str | None = None,
-    evaluator_options: dict[str, Any] | None = None,
-):
+def get_or_create_coordinator(run_dir: str | Path, run_name: str, config_dict: dict[str, Any]):
     """The run's coordinator actor: the live one if it exists, else a new one (which resumes ledger.json) of a
     new session (a stop request of an earlier one is not its own).
 
     Checks on the driver what would make the actor fail later: the config, the held-out file evaluation reads
-    (`<data.shards>/heldout/documents.parquet`) and the downstream tasks. `lifetime="detached"` outlives the driver.
+    (`<data.shards>/heldout/documents.parquet`) and the downstream tasks.
     """
     config = RunConfig.from_dict(config_dict, source="run config")
     check_tasks(config.eval.tasks, config.eval.task_data)
@@ -260,11 +180,6 @@ def get_or_create_coordinator(
     from services.train.plan import unigram_for
 
     unigram_for(Path(config.data.shards), config)  # stored beside the manifest, where evaluators find it
-    return Coordinator.options(
-        name=coordinator_name(run_name), namespace=RAY_NAMESPACE, get_if_exists=True, lifetime=lifetime
-    ).remote(str(Path(run_dir).resolve()), run_name, config_dict, str(heldout), evaluator_options, uuid.uuid4().hex)
-
-
-def _error_summary(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[-1] if text else type(err).__name__
+    return Coordinator.options(name=coordinator_name(run_name), namespace=RAY_NAMESPACE, get_if_exists=True).remote(
+        str(Path(run_dir).resolve()), run_name, config_dict, str(heldout), uuid.uuid4().hex
+    )

@@ -32,7 +32,7 @@ class LedgerRecord:
     """A run without a coordinator: rank 0 holds the ledger (index, retention, metrics log); no evaluations."""
 
     def __init__(self, plan: WorkerPlan):
-        self.ledger = RunLedger(plan.run_dir, plan.config.run.name, plan.config.to_dict(), evaluates=False)
+        self.ledger = RunLedger(plan.run_dir, plan.config.run.name, plan.config.to_dict())
 
     def latest_good_checkpoint(self) -> str | None:
         return self.ledger.latest_good_checkpoint()
