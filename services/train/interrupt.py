@@ -9,13 +9,14 @@ follows it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -103,6 +104,9 @@ def run_interruptibly(
     return outcome["value"]  # type: ignore[return-value]
 
 
+_RAY_SIGTERM: list = []  # in a Ray Train worker process: Ray's own SIGTERM handler (it exits the process)
+
+
 def ask_to_stop_on_sigterm(coordinator: str, rank: int) -> None:
     """In a Ray Train worker process: a SIGTERM (a node shutting down, Kubernetes deleting the pod, `kill PID`) asks
     the run, through its coordinator, for the same graceful stop as the driver's: every worker saves a checkpoint
@@ -116,19 +120,42 @@ def ask_to_stop_on_sigterm(coordinator: str, rank: int) -> None:
     def on_sigterm(signum, frame) -> None:
         ray.get_actor(coordinator, namespace=RAY_NAMESPACE).request_stop.remote("SIGTERM", where)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    if not _RAY_SIGTERM:
+        _RAY_SIGTERM.append(previous)
 
 
-def stop_gracefully_on_sigterm(coordinator: str, rank: int) -> bool:
-    """From the training thread of a Ray Train worker: install `ask_to_stop_on_sigterm` on the worker actor's main
-    thread (the actor runs its calls there); False, and the worker keeps Ray's handler, where that fails."""
+def leave_sigterm_to_ray() -> None:
+    """Undo `ask_to_stop_on_sigterm` (on the process's main thread): Ray's handler again."""
+    if _RAY_SIGTERM:
+        signal.signal(signal.SIGTERM, _RAY_SIGTERM[0])
+
+
+@contextlib.contextmanager
+def stop_gracefully_on_sigterm(coordinator: str, rank: int) -> Iterator[bool]:
+    """From the training thread of a Ray Train worker, around its training: `ask_to_stop_on_sigterm` on the worker
+    actor's main thread (the actor runs its calls there), and Ray's handler back once training returned or failed:
+    a SIGTERM then is Ray tearing the worker group down (after another worker failed), which must not stop the run.
+    Yields False, and the worker keeps Ray's handler, where installing fails."""
+    installed = _on_actor_thread(ask_to_stop_on_sigterm, coordinator, rank)
+    if not installed:
+        log.warning("rank %d: SIGTERM to this worker will not checkpoint first", rank)
+    try:
+        yield installed
+    finally:
+        if installed:
+            _on_actor_thread(leave_sigterm_to_ray)
+
+
+def _on_actor_thread(fn: Callable[..., None], *args) -> bool:
+    """Run fn(*args) on the current Ray actor's main thread; False (logged) where that fails."""
     import ray
     from ray.exceptions import RayError
 
     try:
         actor = ray.get_runtime_context().current_actor
-        ray.get(actor.execute.remote(ask_to_stop_on_sigterm, coordinator, rank), timeout=30)
+        ray.get(actor.execute.remote(fn, *args), timeout=30)
     except (RayError, AttributeError, ValueError) as err:
-        log.warning("rank %d: SIGTERM to this worker will not checkpoint first: %s", rank, err)
+        log.warning("%s on the worker's main thread failed: %s", fn.__name__, err)
         return False
     return True

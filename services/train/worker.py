@@ -76,16 +76,19 @@ class Worker:
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train entry point; `loop_config["plan"]` is the WorkerPlan prepare_run made (services.train.driver)."""
     worker = start_worker(loop_config["plan"])
-    model, optimizer, scheduler = build(worker)
-    state = resume(worker, model, optimizer, scheduler)
-    clock = Clock(worker, state)
-    while True:
-        diverged = train_steps(worker, model, optimizer, scheduler, state, clock)
-        if diverged is None:
-            return
-        state = roll_back(worker, model, optimizer, scheduler, state, diverged)
-        if state is None:
-            return
+    coordinator = worker.plan.coordinator
+    # While this worker trains, a SIGTERM to its process asks the run for a graceful stop, as one to the driver does.
+    with stop_gracefully_on_sigterm(coordinator, worker.rank) if coordinator else contextlib.nullcontext():
+        model, optimizer, scheduler = build(worker)
+        state = resume(worker, model, optimizer, scheduler)
+        clock = Clock(worker, state)
+        while True:
+            diverged = train_steps(worker, model, optimizer, scheduler, state, clock)
+            if diverged is None:
+                return
+            state = roll_back(worker, model, optimizer, scheduler, state, diverged)
+            if state is None:
+                return
 
 
 def train_steps(worker: Worker, model, optimizer, scheduler, state: TrainerState, clock: Clock) -> Finding | None:
@@ -126,8 +129,6 @@ def start_worker(plan: WorkerPlan) -> Worker:
     distributed = dist.is_available() and dist.is_initialized() and world > 1
     backend = backend_for(plan, world=world, reduce_sum=all_reduce_sum if distributed else None)
     record = open_record(plan) if rank == 0 else None
-    if plan.coordinator:  # a SIGTERM to this process asks the run for a graceful stop, as one to the driver does
-        stop_gracefully_on_sigterm(plan.coordinator, rank)
     return Worker(plan, rank, world, distributed, backend, record, shards=plan.shards)
 
 
