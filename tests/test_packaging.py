@@ -178,4 +178,4 @@ def test_albert_config_show_tiny_runs_from_the_unpacked_wheel(wheel, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     shown = tomllib.loads(done.stdout)
     assert shown["optim"]["total_steps"] == 4000 and shown["model"]["overrides"]["hidden_size"] == 64
-    assert str(site / "services" / "run" / "recipes" / "tiny.toml") in done.stdout
+    assert str(site / "services" / "rundir" / "recipes" / "tiny.toml") in done.stdout
