@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -74,6 +76,31 @@ def save_model(directory: str | Path, model: nn.Module) -> Path:
 def read_checkpoint(directory: str | Path) -> tuple[AlbertConfig, dict[str, Tensor]]:
     """Config and canonical-named weights from an albert or a transformers model directory; the config is checked
     against the weights' shapes (read from the safetensors header) before any tensor is read."""
+    found = read_architecture(directory)
+    weights = Path(directory) / WEIGHTS_FILE
+    try:
+        state = load_file(weights)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{weights}: unreadable safetensors file ({err})") from None
+    return from_hf(state, found.hf_config) if found.hf_config is not None else (found.config, state)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What a model directory holds, read from its config.json and its safetensors header only (no tensor read)."""
+
+    config: AlbertConfig
+    tensors: dict[str, Tensor]  # canonical names -> meta tensors of the stored shapes
+    hf_config: dict[str, Any] | None  # transformers' config.json (None: an albert model directory)
+
+    @property
+    def kind(self) -> str:
+        """ "albert" (ours), or transformers' "albert" / "bert", as a phrase."""
+        return f"transformers {self.hf_config['model_type']}" if self.hf_config is not None else "albert"
+
+
+def read_architecture(directory: str | Path) -> Architecture:
+    """The model a directory holds (ours or transformers'), its config checked against the weights' shapes."""
     directory = Path(directory)
     config_path, weights = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     if not config_path.is_file():
@@ -95,11 +122,7 @@ def read_checkpoint(directory: str | Path) -> tuple[AlbertConfig, dict[str, Tens
     except ValueError as err:  # transformers weights that lack backbone tensors
         raise CheckpointError(f"{directory}: {err}") from None
     check_shapes(weights, config, named)
-    try:
-        state = load_file(weights)
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{weights}: unreadable safetensors file ({err})") from None
-    return from_hf(state, raw) if hf else (config, state)
+    return Architecture(config, named, raw if hf else None)
 
 
 def header_tensors(weights: Path) -> dict[str, Tensor]:

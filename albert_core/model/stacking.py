@@ -33,6 +33,7 @@ checkpoint lacks keep their initialization.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor, nn
@@ -134,16 +135,52 @@ def stack_layers(
     return deep_state
 
 
-def check_init_source(directory: str | Path, deep_config: AlbertConfig) -> None:
-    """Raise ConfigError naming model.init_from when `directory` is no checkpoint that stacks onto `deep_config`."""
+@dataclass(frozen=True)
+class InitSummary:
+    """What starting a model from a checkpoint does: the tensors it loads and those that keep their initialization
+    (heads the checkpoint lacks), by our names."""
+
+    source: Path
+    kind: str  # "albert", "transformers albert", "transformers bert"
+    loaded: list[str]
+    initialized: list[str]
+
+    def line(self) -> str:
+        """One line for the console and the dry run."""
+        parts = f"loaded all {len(self.loaded)} tensors"
+        if self.initialized:
+            heads = ", ".join(module_names(self.initialized))
+            parts = f"loaded {len(self.loaded)} tensors; initialized {len(self.initialized)} it lacks: {heads}"
+        return f"initialized from {self.source} ({self.kind}): {parts}"
+
+
+def module_names(names: list[str]) -> list[str]:
+    """Tensor names shortened to their modules (mlm_head.dense.weight -> mlm_head.dense), in order, once each; a
+    lone parameter (mlm_head.bias, the decoder's bias) keeps its name."""
+    given = set(names)
+    modules = []
+    for name in names:
+        module, _, leaf = name.rpartition(".")
+        modules.append(module if leaf in ("weight", "bias") and f"{module}.weight" in given else name)
+    return list(dict.fromkeys(modules))
+
+
+def check_init_source(directory: str | Path, deep_config: AlbertConfig) -> InitSummary:
+    """What initializing a `deep_config` model from the checkpoint in `directory` loads and leaves initialized, read
+    from the checkpoint's config and safetensors header only; ConfigError naming model.init_from when it is no
+    checkpoint that stacks onto `deep_config`."""
     from albert_core.files import CheckpointError
-    from albert_core.model.checkpoint import read_checkpoint
+    from albert_core.model.checkpoint import expected_shapes, read_architecture
 
     try:
-        shallow_config, _ = read_checkpoint(directory)
-        check_stackable(shallow_config, deep_config)
+        found = read_architecture(directory)
+        stacked = stack_layers(found.tensors, found.config, deep_config)
     except (CheckpointError, ConfigError) as err:
         raise ConfigError(f"model.init_from: {directory}: {err}") from None
+    expected = list(expected_shapes(deep_config))
+    loaded = [name for name in expected if name in stacked]
+    initialized = [name for name in expected if name not in stacked]
+    return InitSummary(Path(directory), found.kind, loaded, initialized)
 
 
 def load_stacked(model: nn.Module, directory: str | Path) -> list[str]:

@@ -33,7 +33,13 @@ import numpy as np
 import sentencepiece as spm
 
 from albert_core.text.sentences import split_sentences
-from albert_core.text.wordpiece import TOKENIZER_FILE, WORDPIECE_FILES, WordPieceTokenizer, load_wordpiece
+from albert_core.text.wordpiece import (
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_FILE,
+    WORDPIECE_FILES,
+    WordPieceTokenizer,
+    load_wordpiece,
+)
 from albert_core.text.wordpiece import VOCAB_FILE as WORDPIECE_VOCAB_FILE
 
 log = logging.getLogger(__name__)
@@ -443,6 +449,18 @@ def tokenizer_at(path: str | os.PathLike) -> Path | None:
     if any((path / name).is_file() for name in WORDPIECE_FILES):
         return path
     return None
+
+
+def tokenizer_files(found: Path | None) -> list[Path]:
+    """The files that make up the tokenizer `tokenizer_at` found (a spiece.model with the tokenizer_config.json beside
+    it; a WordPiece directory's vocabulary, tokenizer.json and configs): what goes with a checkpoint."""
+    if found is None:
+        return []
+    if found.is_dir():  # WordPiece
+        folder, names = found, (*WORDPIECE_FILES, CONFIG_FILE, SPECIAL_TOKENS_FILE)
+    else:
+        folder, names = found.parent, (found.name, CONFIG_FILE)
+    return [folder / name for name in names if (folder / name).is_file()]
 
 
 def load_tokenizer(path: str | os.PathLike) -> AnyTokenizer:

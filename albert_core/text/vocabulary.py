@@ -90,18 +90,28 @@ def own_vocabulary(checkpoint: str | Path) -> Vocabulary | None:
     return None
 
 
+def checkpoint_vocabulary(checkpoint: str | Path) -> Vocabulary | None:
+    """The checkpoint's tokenizer: the files it holds itself (every checkpoint a pretraining run writes carries
+    them), else those `find_tokenizer` finds above it (a checkpoint written before that, in its run directory)."""
+    own = own_vocabulary(checkpoint)
+    if own is not None:
+        return own
+    found = find_tokenizer(checkpoint)
+    return own_vocabulary(found.parent if found is not None and found.is_file() else found) if found else None
+
+
 def check_vocabulary(checkpoint: str | Path, tokenizer: Vocabulary, role: str = "the tokenizer is") -> None:
     """Raise VocabularyMismatch (one line naming both) unless `tokenizer` can be the checkpoint's vocabulary.
 
     `role` introduces the tokenizer in the message ("the tokenizer is", "the held-out data was tokenized with")."""
-    own = own_vocabulary(checkpoint)
+    own = checkpoint_vocabulary(checkpoint)
     if own is not None and own.kind != tokenizer.kind:
         raise VocabularyMismatch(
-            f"checkpoint {checkpoint} carries its own {own.describe()}, but {role} {tokenizer.describe()}"
+            f"checkpoint {checkpoint} was made with {own.describe()}, but {role} {tokenizer.describe()}"
         )
     if own is not None and own.sha256 and tokenizer.sha256 and own.sha256 != tokenizer.sha256:
         raise VocabularyMismatch(
-            f"checkpoint {checkpoint} carries its own {own.describe(with_hash=True)}, but {role} another model: "
+            f"checkpoint {checkpoint} was made with {own.describe(with_hash=True)}, but {role} another one: "
             f"{tokenizer.describe(with_hash=True)}"
         )
     size = checkpoint_vocab_size(checkpoint)
@@ -120,10 +130,10 @@ def check_tokenizer_fits(checkpoint: str | Path, tokenizer: str | Path | None = 
         check_vocabulary(checkpoint, Vocabulary.of(load_tokenizer(path)))
 
 
-def heldout_vocabulary(heldout_path: str | Path) -> Vocabulary | None:
-    """The tokenizer a held-out file (<shards>/heldout/documents.parquet) was made with, from the shards' manifest
-    (or the tokenizer beside it); None when the shard set does not say."""
-    shards = Path(heldout_path).parent.parent
+def shards_vocabulary(shards: str | Path) -> Vocabulary | None:
+    """The tokenizer a shard set was made with, from its manifest (or the tokenizer beside it); None when the shard
+    set does not say."""
+    shards = Path(shards)
     manifest = ShardsManifest.read(shards)
     model = manifest.tokenizer_model()
     if model is not None:
@@ -132,6 +142,11 @@ def heldout_vocabulary(heldout_path: str | Path) -> Vocabulary | None:
         where = str(shards / MANIFEST_FILE)
         return Vocabulary(manifest.tokenizer_kind, where, manifest.vocab_size, manifest.tokenizer_sha256)
     return None
+
+
+def heldout_vocabulary(heldout_path: str | Path) -> Vocabulary | None:
+    """The tokenizer a held-out file (<shards>/heldout/documents.parquet) was made with: its shard set's."""
+    return shards_vocabulary(Path(heldout_path).parent.parent)
 
 
 def check_heldout_fits(checkpoint: str | Path, heldout_path: str | Path) -> None:

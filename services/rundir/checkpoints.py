@@ -68,18 +68,18 @@ def checkpoint_dir(root: str | Path, step: int) -> Path:
 
 
 @contextlib.contextmanager
-def writing(final: str | Path, **fields: Any) -> Iterator[Path]:
-    """Write a training checkpoint at `final` whole or not at all: the caller writes TRAINING_FILES into the
-    temporary directory yielded (beside `final`, hidden); then their checksums (with `fields`) are recorded and it
-    is renamed to `final`, replacing one there. On any error the temporary directory is removed and `final`, as the
-    other checkpoints, stays as it was."""
+def writing(final: str | Path, extra: Iterable[str] = (), **fields: Any) -> Iterator[Path]:
+    """Write a training checkpoint at `final` whole or not at all: the caller writes TRAINING_FILES (and the `extra`
+    files it names: the run's tokenizer) into the temporary directory yielded (beside `final`, hidden); then their
+    checksums (with `fields`) are recorded and it is renamed to `final`, replacing one there. On any error the
+    temporary directory is removed and `final`, as the other checkpoints, stays as it was."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         yield tmp
-        write_checksums(tmp, TRAINING_FILES, format=FORMAT, version=VERSION, **fields)
+        write_checksums(tmp, (*TRAINING_FILES, *extra), format=FORMAT, version=VERSION, **fields)
         _replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -24,6 +24,7 @@ from albert_core.examples.shape import shape_fields, shape_problem
 from albert_core.model.config import AlbertConfig, ConfigError
 from services.rundir.fields import check_value, parse_text, type_hints
 from services.rundir.sections import (
+    CHECKPOINT_PRESET,
     SECTION_TYPES,
     DataSection,
     EvalSection,
@@ -64,6 +65,8 @@ class RunConfig:
         if vocab_size is not None and not overrides.get("vocab_size"):
             overrides["vocab_size"] = vocab_size
         try:
+            if self.model.preset == CHECKPOINT_PRESET:  # the checkpoint's config, whole, in overrides
+                return AlbertConfig.from_dict(overrides)
             return AlbertConfig.preset(self.model.preset, **overrides)
         except ConfigError as err:
             raise ConfigError(f"model.{err}") from None
@@ -78,6 +81,11 @@ class RunConfig:
         if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
             raise ConfigError(
                 f"run.name: expected a plain directory name (the run lives in output_dir/name), got {name!r}"
+            )
+        if self.model.preset == CHECKPOINT_PRESET and not self.model.init_from:
+            raise ConfigError(
+                f"model.preset: {CHECKPOINT_PRESET!r} is the model of model.init_from, which is empty; start such "
+                "a run with albert pretrain --init-from DIR"
             )
         self.model_config(vocab_size=self.model.overrides.get("vocab_size") or 30000)
         if self.model.mlm_bias_init not in ("zeros", "unigram"):
@@ -107,8 +115,11 @@ class RunConfig:
         for name, shape_name in shape_fields(DataSection).items():
             if problem := shape_problem(shape_name, getattr(d, name)):
                 raise ConfigError(f"data.{name}: {problem}")
-        if d.max_seq_length > self.model_config(30000).max_position_embeddings:
-            raise ConfigError("data.max_seq_length: exceeds model max_position_embeddings")
+        positions = self.model_config(30000).max_position_embeddings
+        if d.max_seq_length > positions:
+            raise ConfigError(
+                f"data.max_seq_length: {d.max_seq_length} exceeds the model's max_position_embeddings ({positions})"
+            )
         check_eval(self.eval)
         check_finetune(self.finetune)
 

@@ -131,6 +131,7 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
         f"Steps {first['step']}..{last['step']}; final train loss {last.get('loss', float('nan')):.4f} "
         f"(first logged {first.get('loss', float('nan')):.4f}).",
         "",
+        *[line for e in events if e.get("event") == "initialized_from" for line in (f"{e['message']}.", "")],
         *_floor_summary(evals),
         "![loss](loss.png)",
         "",

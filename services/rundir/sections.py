@@ -19,13 +19,20 @@ class RunSection:
     seed: int = 12345
 
 
+CHECKPOINT_PRESET = "checkpoint"  # model.preset of a run whose model is model.init_from's (services.rundir.init_from)
+
+
 @dataclass
 class ModelSection:
+    # A preset of albert_core.model.config.PRESETS, or "checkpoint": the model of model.init_from, whose config
+    # `albert pretrain --init-from DIR` writes into overrides whole (services.rundir.init_from).
     preset: str = "albert-base"
     # Any AlbertConfig field overrides the preset (vocab_size is taken from the tokenizer when 0).
     overrides: dict[str, Any] = field(default_factory=dict)
-    # A model directory to start a new run from instead of random weights: its layers are stacked onto this
-    # model's depth (progressive stacking, albert_core.model.stacking). Unused when the run resumes its own checkpoint.
+    # A model directory to start a new run from instead of random weights. With preset "checkpoint" (--init-from)
+    # the model is the checkpoint's and every tensor it has is loaded (continued pretraining); with a preset of the
+    # recipe's, its layers are stacked onto that model's depth (progressive stacking, albert_core.model.stacking).
+    # Unused when the run resumes its own checkpoint.
     init_from: str = ""
     # The MLM decoder's bias at the start of a new run: "zeros" (the paper's) or "unigram" (the shard set's piece
     # log frequencies, evaluation.unigram): the model starts on the unigram floor instead of learning its way there.

@@ -27,6 +27,7 @@ from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, reindex, v
 from services.rundir.config import RunConfig
 from services.rundir.ledger import LEDGER_FILE, LedgerState, adopt_run_dir, ledger_path
 from services.rundir.schedules import ScheduleState
+from services.rundir.sections import CHECKPOINT_PRESET
 
 log = logging.getLogger(__name__)
 HEARTBEAT_FILE = "coordinator.alive"
@@ -63,6 +64,7 @@ def status_of(state: LedgerState, *, live: bool) -> dict[str, Any]:
         "run_name": state.run_name,
         "run_dir": state.run_dir,
         "live": live,
+        "initialized_from": initialized_from(state.config),
         "step": state.step,
         "last_metrics": state.last_train.metrics if state.last_train else {},
         "dropout": dataclasses.asdict(state.dropout),
@@ -78,6 +80,16 @@ def status_of(state: LedgerState, *, live: bool) -> dict[str, Any]:
         + sorted(damaged.values(), key=lambda d: d["step"]),
         "schedules": [s for s in schedules.summaries(state.run_dir) if s["name"] != schedules.RECIPE],
     }
+
+
+def initialized_from(config: dict[str, Any]) -> str | None:
+    """What a run's weights started from: model.init_from with how it was used (None: random weights)."""
+    model = config.get("model") if isinstance(config, dict) else None
+    source = model.get("init_from") if isinstance(model, dict) else None
+    if not source:
+        return None
+    how = "continued pretraining" if model.get("preset") == CHECKPOINT_PRESET else "progressive stacking"
+    return f"{source} ({how})"
 
 
 def run_evaluations(state: LedgerState) -> ScheduleState | None:

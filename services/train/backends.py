@@ -49,7 +49,9 @@ class StepBackend(Protocol):
 
     def train_step(self, model, optimizer, scheduler, micro, *, grad_clip: float, seed: int) -> StepStats: ...
 
-    def save(self, directory: Path, model, optimizer, scheduler, state: TrainerState) -> Path: ...
+    def save(self, directory: Path, model, optimizer, scheduler, state: TrainerState, carry=()) -> Path:
+        """A training checkpoint (services.train.state), with the files of `carry` copied into it."""
+        ...
 
     def load(self, directory: str, model, optimizer, scheduler) -> TrainerState: ...
 
@@ -98,8 +100,8 @@ class EagerBackend:
             reduce_sum=self.reduce_sum,
         )
 
-    def save(self, directory: Path, model, optimizer, scheduler, state: TrainerState) -> Path:
-        return save_train_state(directory, model, optimizer, scheduler, state)
+    def save(self, directory: Path, model, optimizer, scheduler, state: TrainerState, carry=()) -> Path:
+        return save_train_state(directory, model, optimizer, scheduler, state, carry)
 
     def load(self, directory: str, model, optimizer, scheduler) -> TrainerState:
         return load_train_state(directory, model, optimizer, scheduler)
@@ -209,8 +211,8 @@ class XlaBackend:
             lr=lr,
         )
 
-    def save(self, directory: Path, model, optimizer, scheduler, state: TrainerState) -> Path:
-        return self.xla.save_xla_train_state(directory, model, optimizer, scheduler, state)  # synced, via the CPU
+    def save(self, directory: Path, model, optimizer, scheduler, state: TrainerState, carry=()) -> Path:
+        return self.xla.save_xla_train_state(directory, model, optimizer, scheduler, state, carry)  # synced, via CPU
 
     def load(self, directory: str, model, optimizer, scheduler) -> TrainerState:
         return self.xla.load_xla_train_state(directory, model, optimizer, scheduler)  # files -> CPU -> device

@@ -18,6 +18,11 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         overrides.update({"run.name": run_dir.name, "run.output_dir": str(run_dir.parent)})
     config = RunConfig.load(args.config, overrides)
+    if args.init_from:
+        from services.rundir.init_from import adopt_checkpoint_model, replaced_line
+
+        config, replaced = adopt_checkpoint_model(config, args.init_from, overrides)
+        print(f"albert: {replaced_line(args.init_from, replaced)}", file=sys.stderr)
     if args.dry_run:
         from services.train.dry_run import dry_run
 
@@ -60,6 +65,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     pre.add_argument("--config", required=True, help="tiny, albert-base, ... or a TOML file")
     pre.add_argument("--address", help="Ray cluster address (auto, ray://host:10001); default: embedded local Ray")
     pre.add_argument("--resume", metavar="RUN_DIR", help="continue this run directory from its newest good checkpoint")
+    pre.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="continue pretraining this checkpoint (a transformers ALBERT or BERT directory, or ours): the model is "
+        "the checkpoint's, every tensor it has is loaded, and the recipe's [model] gives way",
+    )
     pre.add_argument("--fresh", action="store_true", help="refuse to reuse a run directory that has checkpoints")
     pre.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a field")
     pre.add_argument(

@@ -56,8 +56,8 @@ def plan_lines(plan: WorkerPlan, *, start_step: int = 0) -> list[str]:
     ]
     if t.dropout_removal_step:
         lines.append(f"dropout {model.hidden_dropout_prob:g} removed at step {t.dropout_removal_step}")
-    if plan.init_from:
-        lines.append(f"initialized from {plan.init_from}")
+    if plan.init is not None:
+        lines.append(plan.init.line())
     f = config.finetune
     tuned = ", ".join(f"{k} {v}" for k, v in (("lr", f.lr), ("max_steps", f.max_steps), ("pooling", f.pooling)) if v)
     if tuned:

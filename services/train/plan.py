@@ -4,6 +4,7 @@ prepare_run calls)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -19,8 +20,10 @@ from albert_core.examples.order import ExampleOrder
 from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR, ManifestError, ShardsManifest
 from albert_core.files import CorruptCheckpoint
 from albert_core.model.config import ConfigError
-from albert_core.text.tokenization import SPECIAL_PIECES, TokenIds, load_tokenizer
-from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints, read_trainer_json
+from albert_core.model.stacking import InitSummary, check_init_source
+from albert_core.text.tokenization import SPECIAL_PIECES, TokenIds, load_tokenizer, tokenizer_files
+from albert_core.text.vocabulary import Vocabulary, VocabularyMismatch, check_vocabulary, shards_vocabulary
+from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, list_checkpoints, read_trainer_json
 from services.rundir.config import RunConfig
 from services.rundir.config import config_hash as config_hash_of
 from services.rundir.sections import TrainSection
@@ -46,15 +49,19 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
     if not config.data.shards:
         raise ConfigError("data.shards: empty; point it at a preprocess output directory")
     shards_dir = Path(config.data.shards).resolve()
+    tokenizer, vocabulary = shards_tokenizer(shards_dir)
+    newest = latest_good(config.run_dir.resolve() / CHECKPOINTS_DIR) if resume else None
+    init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
+    if newest is not None:  # the run resumes its own checkpoint: model.init_from is not read
+        check_shards_vocabulary(newest, vocabulary, "the resume")
+        init_from = None
+    elif init_from is not None:
+        check_shards_vocabulary(init_from, vocabulary, "model.init_from")
     shards = plan_data(shards_dir, config)
     ids = resolve_token_ids(shards_dir, config)
     if config.model.mlm_bias_init == "unigram" and not dry_run:
         unigram_for(shards_dir, config)  # counted once per shard set, then read by every worker
-    init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
-    if init_from is not None:  # the workers read it by absolute path
-        from albert_core.model.stacking import check_init_source
-
-        check_init_source(init_from, config.model_config(ids.vocab_size))
+    init = check_init_source(init_from, config.model_config(ids.vocab_size)) if init_from is not None else None
     run_dir = prepare_run_dir(config, resume=resume, dry_run=dry_run)
     return WorkerPlan(
         config=config,
@@ -64,10 +71,21 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
         coordinator=coordinator,
         pjrt_device=pjrt_device,
         init_from=str(init_from) if init_from else None,
-        init_data_position=init_data_position(init_from) if config.data.continue_from_init else None,
+        init=init,
+        init_data_position=init_data_position(init_from) if config.data.continue_from_init and init_from else None,
         unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
         callbacks=installed_callbacks(),
+        tokenizer_files=tuple(str(path) for path in tokenizer_files(tokenizer)),
     )
+
+
+def check_shards_vocabulary(checkpoint: Path, vocabulary: Vocabulary | None, what: str) -> None:
+    """Refuse shards made with another tokenizer than the checkpoint's (its kind, its file's sha256, its size)."""
+    if vocabulary is not None:
+        try:
+            check_vocabulary(checkpoint, vocabulary, role="data.shards were made with")
+        except VocabularyMismatch as err:
+            raise ConfigError(f"{what}: {err}") from None
 
 
 def prepare_run_dir(config: RunConfig, *, resume: bool, dry_run: bool) -> Path:
@@ -86,30 +104,41 @@ def prepare_run_dir(config: RunConfig, *, resume: bool, dry_run: bool) -> Path:
 
 
 def resolve_token_ids(shards_dir: Path, config: RunConfig) -> TokenIds:
-    """Vocabulary size and special ids, from the first of these that exists.
-
-    1. `model.overrides.vocab_size`, if set (non-zero). The special ids are ALBERT's layout: <pad>=0, <unk>=1,
-       [CLS]=2, [SEP]=3, [MASK]=4.
-    2. The tokenizer the shards were made with (`albert_core.examples.shards.ShardsManifest.tokenizer_model`).
-    3. `vocab_size` in manifest.json (at the top level or under `"tokenizer"`), with the special ids it records
-       (ALBERT's layout when it records none).
-    """
-    override = config.model.overrides.get("vocab_size") or 0
-    if override:
-        return TokenIds(vocab_size=int(override))
+    """Vocabulary size and special ids: those of the tokenizer the shards were made with
+    (`albert_core.examples.shards.ShardsManifest.tokenizer_model`), else those manifest.json records (`vocab_size`, at
+    the top level or under `"tokenizer"`, and the special ids; ALBERT's layout when it records none). A non-zero
+    `model.overrides.vocab_size` sets the size (the special ids stay the tokenizer's; ALBERT's layout, <pad>=0,
+    <unk>=1, [CLS]=2, [SEP]=3, [MASK]=4, for shards that name none)."""
+    override = int(config.model.overrides.get("vocab_size") or 0)
     try:
         manifest = ShardsManifest.read(shards_dir)
     except ManifestError as err:
+        if override:
+            return TokenIds(vocab_size=override)
         raise ConfigError(f"data.shards: {err}") from None
     model = manifest.tokenizer_model()
     if model is not None:
-        return TokenIds.from_tokenizer(load_tokenizer(model))
-    if manifest.vocab_size is not None and manifest.vocab_size > len(SPECIAL_PIECES):
-        return TokenIds(vocab_size=manifest.vocab_size, **manifest.special_ids)
-    raise ConfigError(
-        f"data.shards: cannot tell the vocabulary size: no spiece.model in {shards_dir} or {shards_dir / 'tokenizer'}, "
-        f"and {shards_dir / MANIFEST_FILE} has no vocab_size; set model.overrides.vocab_size"
-    )
+        ids = TokenIds.from_tokenizer(load_tokenizer(model))
+    elif manifest.vocab_size is not None and manifest.vocab_size > len(SPECIAL_PIECES):
+        ids = TokenIds(vocab_size=manifest.vocab_size, **manifest.special_ids)
+    elif override:
+        return TokenIds(vocab_size=override)
+    else:
+        raise ConfigError(
+            f"data.shards: cannot tell the vocabulary size: no spiece.model in {shards_dir} or "
+            f"{shards_dir / 'tokenizer'}, and {shards_dir / MANIFEST_FILE} has no vocab_size; set "
+            "model.overrides.vocab_size"
+        )
+    return dataclasses.replace(ids, vocab_size=override) if override else ids
+
+
+def shards_tokenizer(shards_dir: Path) -> tuple[Path | None, Vocabulary | None]:
+    """The tokenizer the shards were made with (as load_tokenizer reads it) and its identity; None where the shard
+    set does not say."""
+    try:
+        return ShardsManifest.read(shards_dir).tokenizer_model(), shards_vocabulary(shards_dir)
+    except ManifestError:
+        return None, None
 
 
 @dataclass(frozen=True)
@@ -351,9 +380,11 @@ class WorkerPlan:
     coordinator: str | None = None  # the run's coordinator actor; None: rank 0 keeps the ledger itself
     pjrt_device: str | None = None  # backend "xla": the PJRT runtime (pjrt_device_for)
     init_from: str | None = None  # model.init_from, resolved
+    init: InitSummary | None = None  # what starting from model.init_from loads, and what it leaves initialized
     init_data_position: int | None = None  # data.continue_from_init: the source run's examples seen
     unigram_dir: str | None = None  # model.mlm_bias_init = "unigram": the shard set holding unigram.npy
     callbacks: tuple[StepCallback, ...] = ()  # installed in the driver's process (services.train.callbacks)
+    tokenizer_files: tuple[str, ...] = ()  # the shards' tokenizer, copied into every checkpoint
 
     @property
     def checkpoints(self) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 import ray
 
 from albert_core.examples.shards import ShardsManifest
+from albert_core.text.tokenization import tokenizer_files
 from services.cluster import connect, coordinator_name
 from services.rundir.config import RunConfig
 from services.rundir.report import LiveView, write_report
@@ -58,22 +59,14 @@ def pretrain(
 
 
 def keep_tokenizer_with_run(shards: Path, run_dir: Path) -> None:
-    """Copy the tokenizer the shards were made with into the run directory, so every checkpoint of the run
-    (run_dir/checkpoints/step_N) finds its spiece.model (or WordPiece vocabulary) two levels up, as fine-tuning and
-    conversion look for it."""
+    """Copy the tokenizer the shards were made with into the run directory (each of its checkpoints carries a copy
+    too), so the run directory says what its checkpoints speak."""
     import shutil
-
-    from albert_core.text.tokenization import CONFIG_FILE, MODEL_FILE
-    from albert_core.text.wordpiece import SPECIAL_TOKENS_FILE, WORDPIECE_FILES
 
     source = ShardsManifest.read(shards).tokenizer_model()
     if source is None:
         log.warning("%s: names no readable tokenizer; fine-tuning will need --tokenizer", shards)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    folder, names = source.parent, (MODEL_FILE, CONFIG_FILE)
-    if source.is_dir():  # a WordPiece vocabulary (BERT)
-        folder, names = source, (*WORDPIECE_FILES, CONFIG_FILE, SPECIAL_TOKENS_FILE)
-    for name in names:
-        if (folder / name).is_file():
-            shutil.copy2(folder / name, run_dir / name)
+    for path in tokenizer_files(source):
+        shutil.copy2(path, run_dir / path.name)

@@ -23,6 +23,8 @@ import dataclasses
 import json
 import logging
 import random
+import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,15 +84,19 @@ def save_train_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     state: TrainerState,
+    carry: Sequence[str | Path] = (),
 ) -> Path:
-    """Write a complete training checkpoint at `directory` atomically; returns `directory`.
+    """Write a complete training checkpoint at `directory` atomically; returns `directory`. The files of `carry` (the
+    run's tokenizer) are copied into it and listed in its checksums too.
 
     The RNG states of this process (torch, CUDA, numpy, python) are captured now. An existing checkpoint at the
     same path (e.g. a damaged one being rewritten after a resume) is replaced whole.
     """
     final = Path(directory)
     try:
-        with writing(final, step=state.step) as tmp:
+        with writing(final, extra=[Path(path).name for path in carry], step=state.step) as tmp:
+            for path in carry:
+                shutil.copyfile(path, tmp / Path(path).name)
             save_model(tmp, _unwrap(model))
             tensors, optimizer_json = _flatten_optimizer(optimizer)
             save_file(tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": FORMAT})

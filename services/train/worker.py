@@ -176,6 +176,9 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
         from albert_core.model.stacking import load_stacked
 
         load_stacked(model, plan.init_from)
+        if worker.record is not None and plan.init is not None:
+            worker.record.event(0, "initialized_from", message=plan.init.line(), source=plan.init_from,
+                                kind=plan.init.kind, initialized=plan.init.initialized)  # fmt: skip
         if plan.init_data_position is not None:
             state.examples_seen = plan.init_data_position
     start_versions(worker, state)
@@ -360,9 +363,8 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
         if worker.record is not None:
             worker.record.report(step, metrics)
             if save:
-                path = worker.backend.save(
-                    checkpoint_dir(worker.plan.checkpoints, step), model, optimizer, scheduler, state
-                )
+                directory = checkpoint_dir(worker.plan.checkpoints, step)
+                path = worker.backend.save(directory, model, optimizer, scheduler, state, worker.plan.tokenizer_files)
                 worker.record.checkpoint_saved(step, str(path), metrics, final=is_last)
         # Metrics only: resume reads run_dir/checkpoints through the run's record, so a copy in Ray's storage
         # would only double the disk a run takes.

@@ -505,6 +505,7 @@ def save_xla_train_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     state: TrainerState,
+    carry: Sequence[str | Path] = (),
 ) -> Path:
     """A training checkpoint (services.train.state) of a model and optimizer on the XLA device, on rank 0.
 
@@ -512,7 +513,7 @@ def save_xla_train_state(
     weight and optimizer tensor to the CPU and writes the same files as a CPU run (plain torch reads them).
     """
     torch_xla.sync()
-    return save_train_state(directory, model, optimizer, scheduler, state)
+    return save_train_state(directory, model, optimizer, scheduler, state, carry)
 
 
 def load_xla_train_state(
