@@ -64,11 +64,16 @@ def adopt_checkpoint_model(
                 f"{where}: contradicts the checkpoint {directory}, whose {name} is {theirs[name]!r}; --init-from "
                 "trains the checkpoint's model as it is"
             )
-    recipe = config.model_config(vocab_size=theirs["vocab_size"]).to_dict()
     model = {**theirs, **kept}
-    replaced = [f"{name} {recipe[name]!r} -> {model[name]!r}" for name in model if recipe[name] != model[name]]
-    if config.model.preset != CHECKPOINT_PRESET:
-        replaced.insert(0, f"preset {config.model.preset!r}")
+    if config.model.preset == CHECKPOINT_PRESET:  # a recipe made for --init-from: only what it names gives way
+        recipe = {name: value for name, value in config.model.overrides.items() if name != "vocab_size"}
+        replaced = []
+    else:
+        recipe = config.model_config(vocab_size=theirs["vocab_size"]).to_dict()
+        replaced = [f"preset {config.model.preset!r}"]
+    replaced += [
+        f"{name} {recipe[name]!r} -> {model[name]!r}" for name in model if recipe.get(name, model[name]) != model[name]
+    ]
     data = config.to_dict()
     data["model"].update(preset=CHECKPOINT_PRESET, overrides=model, init_from=str(directory))
     return RunConfig.from_dict(data, source="--init-from"), replaced
@@ -76,6 +81,5 @@ def adopt_checkpoint_model(
 
 def replaced_line(directory: str | Path, replaced: list[str]) -> str:
     """The console's line about what --init-from took from the recipe."""
-    if not replaced:
-        return f"--init-from {directory}: the recipe's model is the checkpoint's already"
-    return f"--init-from {directory}: the model is the checkpoint's; it replaces the recipe's {', '.join(replaced)}"
+    line = f"--init-from {directory}: the model is the checkpoint's"
+    return f"{line}; it replaces the recipe's {', '.join(replaced)}" if replaced else line

@@ -17,6 +17,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.resume:
         run_dir = Path(args.resume)
         overrides.update({"run.name": run_dir.name, "run.output_dir": str(run_dir.parent)})
+    if args.init_from:  # model.init_from, which a recipe made for --init-from (preset "checkpoint") needs
+        overrides["model.init_from"] = args.init_from
     config = RunConfig.load(args.config, overrides)
     if args.init_from:
         from services.rundir.init_from import adopt_checkpoint_model, replaced_line
