@@ -22,6 +22,7 @@ from services.cli import main
 from services.preprocess.config import PreprocessConfig
 from services.rundir.config import RunConfig, parse_sets
 from services.rundir.init_from import adopt_checkpoint_model
+from services.rundir.status import read_status
 from services.terminal import EXIT_DATA
 from services.train.step import initial_model
 
@@ -134,6 +135,16 @@ def test_a_checkpoint_preset_without_init_from_is_refused_naming_the_field(tmp_p
         recipe(tmp_path, tmp_path, "r", "model.preset=checkpoint")
 
 
+def test_the_continue_recipe_needs_init_from_and_takes_the_checkpoints_model_without_replacing_anything(
+    tmp_path, hf_albert
+):
+    with pytest.raises(ConfigError, match=r"preset: 'checkpoint' is the model of model\.init_from, which is empty"):
+        RunConfig.load("continue")
+    loaded = RunConfig.load("continue", {"model.init_from": str(hf_albert), "data.max_seq_length": SEQ})
+    config, replaced = adopt_checkpoint_model(loaded, hf_albert)
+    assert config.model_config() == read_checkpoint(hf_albert)[0] and replaced == []
+
+
 def test_the_step_zero_loss_is_transformers_loss_on_the_same_batch(tmp_path, hf_albert):
     """The run's model (the recipe's initialization with a unigram MLM bias, then the checkpoint loaded over it)
     gives transformers' MLM + SOP loss."""
@@ -191,6 +202,7 @@ def test_two_steps_from_a_transformers_albert_end_with_its_weights(tmp_path, hf_
     assert (result.checkpoint / "spiece.model").read_bytes() == (hf_albert / "spiece.model").read_bytes()
     events = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(e.get("event") == "initialized_from" and e["initialized"] == [] for e in events)
+    assert read_status(result.run_dir)["initialized_from"] == f"{hf_albert.resolve()} (continued pretraining)"
 
 
 @pytest.mark.ray
@@ -265,5 +277,5 @@ def test_finetuning_a_moved_run_checkpoint_with_another_tokenizer_is_refused(tmp
         [*LINES, *(line[::-1] for line in LINES)], tmp_path / "other", TokenizerTrainConfig(vocab_size=VOCAB)
     )
     assert load_tokenizer(other).vocab_size == VOCAB  # the same size: only the model file tells them apart
-    with pytest.raises(VocabularyMismatch, match=r"was made with SentencePiece .*, but the tokenizer is another one"):
+    with pytest.raises(VocabularyMismatch, match=r"was made with SentencePiece .*, but the tokenizer is another model"):
         check_tokenizer_fits(moved, other)
