@@ -155,12 +155,17 @@ def speech_chunks(text: str) -> list[str]:
     return chunks
 
 
+SOTU_TRAIN_SPEECHES = "train-speeches.jsonl"  # beside SST-2/: the whole text of the speeches not held out
+
+
 def fetch_sotu_party(work: Path) -> Path:
     """Democratic vs Republican passages of State of the Union addresses (1861 on), SST-2's layout under
     work/sotu-party/SST-2: whole speeches held out (a quarter of each party's), balanced, seeded. The passages'
-    text is in the demo's pretraining corpus; their labels (the speaker's party, from the package) are not."""
+    text is in the demo's pretraining corpus; their labels (the speaker's party, from the package) are not.
+    Beside SST-2/, SOTU_TRAIN_SPEECHES holds the whole text of the training side's speeches ({"text": ...} a line,
+    no label): every training passage comes from one of them, no held-out passage does."""
     target = work / "sotu-party" / "SST-2"
-    if (target / "dev.tsv").is_file():
+    if (target / "dev.tsv").is_file() and (target.parent / SOTU_TRAIN_SPEECHES).is_file():
         return target
     rng = np.random.default_rng(0)
     speeches: dict[int, list[str]] = {0: [], 1: []}
@@ -176,13 +181,18 @@ def fetch_sotu_party(work: Path) -> Path:
                     if party in SOTU_PARTIES and int(record["year"]) >= SOTU_FIRST_YEAR:
                         speeches[SOTU_PARTIES[party]].append(record["text"])
     splits: dict[str, list[tuple[str, int]]] = {"train": [], "dev": []}
+    train_side: list[str] = []
     for label, texts in speeches.items():
         order = rng.permutation(len(texts))
         held = set(order[: round(len(texts) * SOTU_DEV_FRACTION)].tolist())
+        train_side += [t for i, t in enumerate(texts) if i not in held]
         for split, size in (("train", SPAM_TRAIN), ("dev", SPAM_DEV)):
             pool = [c for i, t in enumerate(texts) if (i in held) == (split == "dev") for c in speech_chunks(t)]
             splits[split] += [(pool[i], label) for i in rng.choice(len(pool), size, replace=False)]
-    return write_sst2_layout(target, splits, rng)
+    write_sst2_layout(target, splits, rng)
+    lines = [json.dumps({"text": text}) for text in sorted(train_side)]  # sorted: no party order to read off
+    (target.parent / SOTU_TRAIN_SPEECHES).write_text("\n".join(lines) + "\n")
+    return target
 
 
 def newest_demo_checkpoint(runs: Path = Path("runs")) -> Path:
