@@ -212,6 +212,24 @@ def test_two_steps_from_the_minilm_bert_end_with_its_weights(tmp_path, minilm_sh
     assert (result.checkpoint / "vocab.txt").read_bytes() == (minilm() / "vocab.txt").read_bytes()
 
 
+def test_the_tokenizer_files_every_checkpoint_carries_are_named_by_absolute_path(
+    tmp_path, hf_albert, albert_shards, monkeypatch
+):
+    """A shard set whose manifest names its tokenizer by a path relative to where preprocess ran: the workers, in
+    their own working directories, still find it."""
+    from services.train.driver import prepare_run
+
+    shards = shutil.copytree(albert_shards, tmp_path / "shards")
+    manifest = json.loads((shards / "manifest.json").read_text())
+    shutil.copytree(hf_albert, tmp_path / "tok")
+    manifest["tokenizer"]["path"] = "tok/spiece.model"
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.chdir(tmp_path)
+    config, _ = adopt_checkpoint_model(recipe(tmp_path / "runs", shards, "relative"), hf_albert)
+    plan = prepare_run(config, resume=False, dry_run=True).plan
+    assert plan.tokenizer_files == (str(tmp_path / "tok" / "spiece.model"),)
+
+
 # --- one tokenizer identity ---------------------------------------------------------------------------------------
 
 

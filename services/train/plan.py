@@ -75,7 +75,7 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
         init_data_position=init_data_position(init_from) if config.data.continue_from_init and init_from else None,
         unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
         callbacks=installed_callbacks(),
-        tokenizer_files=tuple(str(path) for path in tokenizer_files(tokenizer)),
+        tokenizer_files=tuple(str(path.resolve()) for path in tokenizer_files(tokenizer)),  # workers have their own cwd
     )
 
 
