@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -560,9 +561,13 @@ def test_analyze_layers_reads_text_with_the_given_spiece_model_for_a_checkpoint_
     text = tmp_path / "text.txt"
     text.write_text("\n\n".join(TEXTS[:6]) + "\n")
     record = run_outputs["record"]
+    bare = tmp_path / "bare"  # the model files only: a checkpoint that carries no tokenizer (a run's checkpoints do)
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(Path(record["checkpoint"]) / name, bare / name)
     with pytest.raises(ValueError, match="no tokenizer for the text input"):
-        analyze_layers([record["checkpoint"]], text, tmp_path / "fig")
+        analyze_layers([str(bare)], text, tmp_path / "fig")
     tokenizer = run_outputs["spec"].preprocess.tokenizer
-    out = analyze_layers([record["checkpoint"]], text, tmp_path / "fig", tokenizer=tokenizer, max_seq_length=64)
+    out = analyze_layers([str(bare)], text, tmp_path / "fig", tokenizer=tokenizer, max_seq_length=64)
     assert [r["layer"] for r in out["rows"]] == [1, 2]
     assert out["rows"][0]["tokens"] > 6 * 2  # six paragraphs of several pieces each, plus [CLS] and [SEP]

@@ -111,7 +111,7 @@ def check_vocabulary(checkpoint: str | Path, tokenizer: Vocabulary, role: str = 
         )
     if own is not None and own.sha256 and tokenizer.sha256 and own.sha256 != tokenizer.sha256:
         raise VocabularyMismatch(
-            f"checkpoint {checkpoint} was made with {own.describe(with_hash=True)}, but {role} another one: "
+            f"checkpoint {checkpoint} was made with {own.describe(with_hash=True)}, but {role} another model: "
             f"{tokenizer.describe(with_hash=True)}"
         )
     size = checkpoint_vocab_size(checkpoint)
