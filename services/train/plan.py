@@ -37,6 +37,7 @@ from services.rundir.config import RunConfig
 from services.rundir.config import config_hash as config_hash_of
 from services.rundir.sections import TrainSection
 from services.train.callbacks import StepCallback, installed_callbacks
+from services.train.space import check_run_space
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
     if config.model.mlm_bias_init == "unigram" and not dry_run:
         unigram_for(shards_dir, config)  # counted once per shard set, then read by every worker
     init = check_init_source(init_from, config.model_config(ids.vocab_size)) if init_from is not None else None
+    carried = tokenizer_files(tokenizer) if tokenizer is not None else ()
+    disk_warning = check_run_space(config, ids.vocab_size, carried, resume=resume)  # NotEnoughSpace: refused
     run_dir = prepare_run_dir(config, resume=resume, dry_run=dry_run)
     return WorkerPlan(
         config=config,
@@ -86,7 +89,8 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
         init_data_position=init_data_position(init_from) if config.data.continue_from_init and init_from else None,
         unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
         callbacks=installed_callbacks(),
-        tokenizer_files=tuple(str(path) for path in tokenizer_files(tokenizer)),
+        tokenizer_files=tuple(str(path) for path in carried),
+        disk_warning=disk_warning,
     )
 
 
@@ -422,6 +426,7 @@ class WorkerPlan:
     unigram_dir: str | None = None  # model.mlm_bias_init = "unigram": the shard set holding unigram.npy
     callbacks: tuple[StepCallback, ...] = ()  # installed in the driver's process (services.train.callbacks)
     tokenizer_files: tuple[str, ...] = ()  # the shards' tokenizer, copied into every checkpoint
+    disk_warning: str | None = None  # the run directory's filesystem holds less than the run's checkpoints need
 
     @property
     def checkpoints(self) -> Path:
