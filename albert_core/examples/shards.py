@@ -32,7 +32,9 @@ EXAMPLE_SCHEMA = pa.schema(
 
 # How shards and held-out files are written: zstd, and a CRC32 of every page, which readers check (the training
 # input reads with page_checksum_verification), so bytes changed on disk fail their row group's read instead of
-# decoding into other token ids. The CRCs cost 54 bytes in a 290 KB shard and no measurable read time.
+# decoding into other token ids. Measured by bench/shard_checks.py on a 36 MB shard of 128 row groups: 6,864 bytes
+# more (0.02%), no measurable write time, and reading every row group verified took 1-2% more CPU time (482 against
+# 474 ms median of 15); a sha256 of the whole file, 32 ms (1.1 GB/s).
 PARQUET_WRITE_OPTIONS: dict[str, Any] = {"compression": "zstd", "write_page_checksum": True}
 
 MANIFEST_FILE = "manifest.json"  # the shard set's manifest (services/preprocess writes it)
