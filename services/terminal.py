@@ -67,6 +67,12 @@ def interrupted_line(status: int) -> str:
     return "terminated (SIGTERM)" if status == EXIT_TERMINATED else "interrupted (Ctrl-C)"
 
 
+def stopped_status(signal_name: str | None) -> int:
+    """The exit status of a pretraining run stopped on request: EXIT_TERMINATED after a SIGTERM, else
+    EXIT_INTERRUPTED (a Ctrl-C)."""
+    return EXIT_TERMINATED if signal_name == "SIGTERM" else EXIT_INTERRUPTED
+
+
 def interrupted_status(interrupt: BaseException) -> int:
     """EXIT_TERMINATED when `interrupt` is, or was raised from or while handling, a Terminated, or when this process
     received a SIGTERM (a library in between may have raised its own KeyboardInterrupt instead); else

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from services.terminal import EXIT_INTERRUPTED, EXIT_STOPPED, EXIT_TERMINATED
+from services.terminal import EXIT_STOPPED, stopped_status
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -53,7 +53,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if result.stopped:
         print(f"albert: stopped at step {result.step}: {result.stopped}", file=sys.stderr)
         if result.interrupted:
-            return EXIT_TERMINATED if result.signal == "SIGTERM" else EXIT_INTERRUPTED
+            return stopped_status(result.signal)
         return EXIT_STOPPED
     print(f"finished at step {result.step}; checkpoint {result.checkpoint}; metrics {result.metrics_file}")
     return 0
