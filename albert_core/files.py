@@ -185,18 +185,22 @@ class SpaceNeed:
     what: str  # the plural subject of "need", e.g. "the run's 4 checkpoints of 46.2 MB (train.keep_last 3, ...)"
 
 
-def free_bytes(path: str | Path) -> int:
-    """Free bytes (for this user) of the filesystem that holds `path`, or would hold it once made."""
+def free_bytes(path: str | Path) -> int | None:
+    """Free bytes (for this user) of the filesystem that holds `path`, or would hold it once made; None where the
+    filesystem does not say (then nothing is checked)."""
     existing = Path(path).resolve()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    return shutil.disk_usage(existing).free
+    try:
+        return shutil.disk_usage(existing).free
+    except OSError:
+        return None
 
 
-def check_space(need: SpaceNeed, free: int) -> str | None:
-    """None when `free` bytes hold everything; the warning line when they hold less than that but at least
-    `need.least`; NotEnoughSpace (one line) below that."""
-    if free >= need.total:
+def check_space(need: SpaceNeed, free: int | None) -> str | None:
+    """None when `free` bytes hold everything (or are unknown: None); the warning line when they hold less than that
+    but at least `need.least`; NotEnoughSpace (one line) below that."""
+    if free is None or free >= need.total:
         return None
     where = f"{need.option}: {need.path} has {size(free)} free on its filesystem"
     if free < need.least:

@@ -26,7 +26,9 @@ def dry_run(config: RunConfig, *, resume: bool, allow_config_change: Sequence[st
     start = read_trainer_json(newest)["state"]["step"] if newest is not None else 0
     lines = plan_lines(plan, start_step=start)
     need = run_space_need(config, plan.token_ids.vocab_size, plan.tokenizer_files, resume=resume)
-    lines.append(f"disk: {need.what} need {size(need.total)}; {size(free_bytes(need.path))} free in {need.path}")
+    free = free_bytes(need.path)
+    free_text = "unknown space" if free is None else f"{size(free)}"
+    lines.append(f"disk: {need.what} need {size(need.total)}; {free_text} free in {need.path}")
     if changes:
         lines.append("changed since the run's last start (allowed):")
         lines += [f"  {line}" for line in describe_changes(changes)]
