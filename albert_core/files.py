@@ -1,6 +1,12 @@
-"""Durable files without torch: atomic writes (bytes, CSV), advisory locks, sha256 of files; and the names of the
-files a model directory and a training checkpoint hold (services.rundir.checkpoints owns a run's checkpoints: it
-writes and verifies their checksums).
+"""Durable files without torch: atomic writes (bytes, CSV), advisory locks, sha256 of files, disk space up front;
+and the names of the files a model directory and a training checkpoint hold (services.rundir.checkpoints owns a
+run's checkpoints: it writes and verifies their checksums).
+
+Disk space up front: a command compares the free bytes of the filesystem its output goes to with what it will write
+there, before it starts (`albert pretrain`: services/train/space.py; `albert preprocess`:
+services/preprocess/space.py). Below the least it needs to keep any work (one checkpoint, one shard) it is refused;
+below what it will write in all, warned in one line with the numbers, and it runs on (it keeps what it finished when
+the disk fills). `check_space` takes the free bytes as a number, so both outcomes can be tested on any disk.
 
 Used by model checkpoints, training checkpoints and the coordinator (which runs without importing torch).
 """
@@ -14,8 +20,10 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +163,57 @@ def leaves_directory(name: str) -> bool:
     path or one with a `..` part (the rule for the names a checkpoint's checksums and a shard set's manifest.json
     list)."""
     return Path(name).is_absolute() or ".." in Path(name).parts
+
+
+# --- disk space up front -----------------------------------------------------------------------------------
+
+
+class NotEnoughSpace(ValueError):
+    """The output's filesystem holds less than the least the command needs (exit status 65, bad data or config)."""
+
+
+@dataclass(frozen=True)
+class SpaceNeed:
+    """What a command will write under `path`: `total` bytes in all (`what`: how that was counted), and `least`, the
+    bytes of the first `unit` it keeps (a checkpoint, a shard), without which it keeps no work at all."""
+
+    option: str  # the field or flag that names the output (run.output_dir, --output)
+    path: str
+    total: int
+    least: int
+    unit: str  # "checkpoint", "shard"
+    what: str  # the plural subject of "need", e.g. "the run's 4 checkpoints of 46.2 MB (train.keep_last 3, ...)"
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Free bytes (for this user) of the filesystem that holds `path`, or would hold it once made; None where the
+    filesystem does not say (then nothing is checked)."""
+    existing = Path(path).resolve()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        return shutil.disk_usage(existing).free
+    except OSError:
+        return None
+
+
+def check_space(need: SpaceNeed, free: int | None) -> str | None:
+    """None when `free` bytes hold everything (or are unknown: None); the warning line when they hold less than that
+    but at least `need.least`; NotEnoughSpace (one line) below that."""
+    if free is None or free >= need.total:
+        return None
+    where = f"{need.option}: {need.path} has {size(free)} free on its filesystem"
+    if free < need.least:
+        raise NotEnoughSpace(
+            f"{where}, less than one {need.unit} ({size(need.least)}); {need.what} need {size(need.total)}; free "
+            f"space there or choose another {need.option}"
+        )
+    return f"{where}, less than the {size(need.total)} that {need.what} need; it may fill up before the end"
+
+
+def size(n: int) -> str:
+    """Bytes as a reader says them: 812 B, 46.2 MB, 3.1 GB (powers of 1000)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

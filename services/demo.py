@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.data.sample import DEFAULT_CACHE
-from services.terminal import EXIT_INTERRUPTED, EXIT_STOPPED
+from services.terminal import EXIT_STOPPED, stopped_status
 
 if TYPE_CHECKING:
     from services.train.driver import TrainResult
@@ -100,7 +100,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     paths = run_demo(cache=Path(args.cache), vocab_size=args.vocab_size, progress=not args.no_progress)
     if paths.train is not None and paths.train.stopped:
         print(f"albert: demo stopped at step {paths.train.step}: {paths.train.stopped}", file=sys.stderr)
-        return EXIT_INTERRUPTED if paths.train.interrupted else EXIT_STOPPED
+        return stopped_status(paths.train.signal) if paths.train.interrupted else EXIT_STOPPED
     print(f"demo finished: {paths.run_dir / 'report.md'}")
     return 0
 

@@ -42,6 +42,10 @@ class Terminated(KeyboardInterrupt):
     (its KeyboardInterrupt paths: a partial summary, locks released, Ray tasks cancelled) and exits EXIT_TERMINATED."""
 
 
+_sigterm_received = False  # set by the handler: code that catches Terminated and raises a plain KeyboardInterrupt
+# (Ray's ray.wait and ray.get do) must not turn a SIGTERM into a Ctrl-C
+
+
 def raise_on_sigterm() -> None:
     """SIGTERM raises Terminated on the main thread. `ray.init` replaces the handler with Ray's own (which exits at
     once, skipping a command's own clean-up): services.cluster.connect calls this again after it. Off the main
@@ -50,6 +54,8 @@ def raise_on_sigterm() -> None:
     import threading
 
     def on_sigterm(signum, frame) -> None:
+        global _sigterm_received
+        _sigterm_received = True
         raise Terminated("terminated (SIGTERM)")
 
     if threading.current_thread() is threading.main_thread():
@@ -61,9 +67,18 @@ def interrupted_line(status: int) -> str:
     return "terminated (SIGTERM)" if status == EXIT_TERMINATED else "interrupted (Ctrl-C)"
 
 
+def stopped_status(signal_name: str | None) -> int:
+    """The exit status of a pretraining run stopped on request: EXIT_TERMINATED after a SIGTERM, else
+    EXIT_INTERRUPTED (a Ctrl-C)."""
+    return EXIT_TERMINATED if signal_name == "SIGTERM" else EXIT_INTERRUPTED
+
+
 def interrupted_status(interrupt: BaseException) -> int:
-    """EXIT_TERMINATED when `interrupt` is, or was raised from or while handling, a Terminated; else
+    """EXIT_TERMINATED when `interrupt` is, or was raised from or while handling, a Terminated, or when this process
+    received a SIGTERM (a library in between may have raised its own KeyboardInterrupt instead); else
     EXIT_INTERRUPTED."""
+    if _sigterm_received:
+        return EXIT_TERMINATED
     seen: BaseException | None = interrupt
     while seen is not None:
         if isinstance(seen, Terminated):

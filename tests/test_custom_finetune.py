@@ -304,6 +304,43 @@ def test_ctrl_c_or_sigterm_after_a_dev_evaluation_prints_the_partial_summary_and
 
 
 @pytest.mark.ray
+def test_sigterm_while_seeds_run_on_the_local_ray_exits_143_with_its_own_line(tmp_path, checkpoint, topics):
+    """`albert finetune --seeds 2` on the Ray it starts itself, SIGTERM to the command alone (`kill PID`): the same
+    partial summary as Ctrl-C, worded for SIGTERM, and exit 143 (Ray's wait raises a plain KeyboardInterrupt for
+    the handler's Terminated, which used to read as Ctrl-C and 130)."""
+    out = tmp_path / "out"
+    argv = finetune_args(checkpoint, out, "--train", str(topics / "train.csv"), "--label-column", "topic")
+    argv += ["--seeds", "2", "--max-steps", "5000", "--eval-every", "5", "--no-progress"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 240
+        logs = [out / f"seed_{seed}" / "metrics.jsonl" for seed in (12345, 12346)]
+        while not any(log.is_file() and log.read_text().strip() for log in logs):  # a seed has logged an evaluation
+            assert run.poll() is None and time.time() < deadline, run.communicate(timeout=30)
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        out_text, err = run.communicate(timeout=90)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 143, out_text[-2000:] + err[-2000:]
+    assert "terminated (SIGTERM): 0 of 2 runs finished" in out_text
+    assert "interrupted (Ctrl-C)" not in out_text + err and "Traceback" not in err
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is True
+
+
+@pytest.mark.ray
 def test_ctrl_c_while_seeds_run_on_ray_summarizes_the_finished_seed(ray_local, tmp_path, checkpoint, topics, capsys):
     from services.finetune.cli import report_interrupted
     from services.finetune.seeds import SeedsInterrupted, run_seeds, seed_configs

@@ -189,9 +189,10 @@ def test_config_show_refuses_a_bad_set_in_one_line(capsys):
 
 @pytest.fixture
 def shards(tmp_path):
-    from tests.test_train import write_shards
+    """Shards and the held-out documents the run's evaluations read (a dry run refuses a set without them)."""
+    from tests.test_train import write_heldout, write_shards
 
-    return write_shards(tmp_path / "shards")
+    return write_heldout(write_shards(tmp_path / "shards"))
 
 
 def pretrain_args(tmp_path, shards, *more: str) -> list[str]:

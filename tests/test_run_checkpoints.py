@@ -31,15 +31,16 @@ from services.rundir.fields import to_toml
 from services.rundir.ledger import LEDGER_FILE, OLD_LEDGER_FILE, RunLedger
 from services.rundir.status import HEARTBEAT_FILE, LIVE_WITHIN_S, read_status
 from services.train.state import TrainerState, load_train_state, save_train_state
-from tests.test_train import VOCAB, run_config, write_shards
+from tests.test_train import VOCAB, run_config, write_heldout, write_shards
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def recipe(tmp_path) -> Path:
-    """A recipe file for runs under tmp_path/runs, on real shards; total_steps 8, every checkpoint kept."""
-    config = run_config(tmp_path, write_shards(tmp_path / "shards"), "s1", keep_last=10)
+    """A recipe file for runs under tmp_path/runs, on real shards (and the held-out documents a dry run wants);
+    total_steps 8, every checkpoint kept."""
+    config = run_config(tmp_path, write_heldout(write_shards(tmp_path / "shards")), "s1", keep_last=10)
     path = tmp_path / "s1.toml"
     path.write_text(to_toml(config.to_dict()))
     return path

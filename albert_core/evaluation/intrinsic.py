@@ -77,6 +77,16 @@ def read_heldout(path: str) -> list[HeldoutDocument]:
     return documents
 
 
+def pairable_heldout(path: str) -> tuple[int, bool]:
+    """(the held-out documents of a file in HELDOUT_SCHEMA, whether one of them has the two tokens a SOP or NSP pair
+    needs: create_pairs skips a document of fewer), read only up to the first such document."""
+    heldout = pq.ParquetFile(path)
+    for batch in heldout.iter_batches(columns=["sentences"], batch_size=64):
+        if any(sum(len(s) for s in sentences or ()) >= 2 for sentences in batch.column(0).to_pylist()):
+            return heldout.metadata.num_rows, True
+    return heldout.metadata.num_rows, False
+
+
 def intrinsic_metrics(
     model: nn.Module,
     documents: Sequence[HeldoutDocument],

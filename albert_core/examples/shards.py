@@ -30,6 +30,13 @@ EXAMPLE_SCHEMA = pa.schema(
     ]
 )
 
+# How shards and held-out files are written: zstd, and a CRC32 of every page, which readers check (the training
+# input reads with page_checksum_verification), so bytes changed on disk fail their row group's read instead of
+# decoding into other token ids. Measured by bench/shard_checks.py on a 36 MB shard of 128 row groups: 6,864 bytes
+# more (0.02%), no measurable write time, and reading every row group verified took 1-2% more CPU time (482 against
+# 474 ms median of 15); a sha256 of the whole file, 32 ms (1.1 GB/s).
+PARQUET_WRITE_OPTIONS: dict[str, Any] = {"compression": "zstd", "write_page_checksum": True}
+
 MANIFEST_FILE = "manifest.json"  # the shard set's manifest (services/preprocess writes it)
 TRAIN_DIR = "train"
 
@@ -115,6 +122,12 @@ class ShardsManifest:
     def max_seq_length(self) -> int | None:
         """The --max-seq-length the shards were preprocessed with, or None."""
         return self._config_value("max_seq_length", int)
+
+    @property
+    def heldout_fraction(self) -> float | None:
+        """The --heldout-fraction the shards were preprocessed with, or None."""
+        value = self._config_value("heldout_fraction", float)
+        return value if value is not None else self._config_value("heldout_fraction", int)
 
     @property
     def objective(self) -> str | None:

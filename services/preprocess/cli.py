@@ -15,6 +15,7 @@ here are None and a plain run fills in PreprocessConfig's.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import Field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,8 +122,16 @@ def cmd_preprocess(args: Namespace) -> int:
     from albert_core.examples.shards import MANIFEST_FILE
     from services.preprocess.manifest import part_view
     from services.preprocess.pipeline import run_preprocess
+    from services.preprocess.space import check_preprocess_space
 
     config, job = plan_from_args(args)
+    try:
+        warning = check_preprocess_space(config, job)  # NotEnoughSpace: refused before Ray starts
+    except ValueError:
+        job.release()
+        raise
+    if warning:
+        print(f"albert: warning: {warning}", file=sys.stderr)
     connect(num_cpus=args.num_cpus)  # a SIGTERM unwinds, its run lock released
     manifest_path = Path(config.output) / MANIFEST_FILE
     try:

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from albert_core.examples.shards import HELDOUT_SCHEMA
+from albert_core.examples.shards import HELDOUT_SCHEMA, PARQUET_WRITE_OPTIONS
 from albert_core.files import file_sha256
 from albert_core.text.records import CorpusError, Skip
 from albert_core.text.regions import STREAM_EXPANSION, stream_chunks
@@ -247,7 +247,7 @@ def _run_units(config: PreprocessConfig, job: PreprocessJob, layout: Layout) -> 
 def _merge_heldout(layout: Layout, units: list[int]) -> str:
     """The units' held-out parts, in unit order, copied batch by batch into the part's held-out file."""
     partial = layout.partial(layout.heldout)
-    with pq.ParquetWriter(partial, HELDOUT_SCHEMA, compression="zstd") as writer:
+    with pq.ParquetWriter(partial, HELDOUT_SCHEMA, **PARQUET_WRITE_OPTIONS) as writer:
         for index in units:
             for batch in pq.ParquetFile(layout.heldout_part(Unit(index, ()))).iter_batches(batch_size=1024):
                 writer.write_table(pa.Table.from_batches([batch], schema=HELDOUT_SCHEMA))

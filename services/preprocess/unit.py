@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from albert_core.evaluation.unigram import UnigramBaseline
 from albert_core.examples.pairs import create_pairs
-from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, document_hash, example_id
+from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, PARQUET_WRITE_OPTIONS, document_hash, example_id
 from albert_core.files import file_sha256
 from albert_core.text.corpus import read_documents, read_region
 from albert_core.text.records import CorpusError, Document, Skip
@@ -262,8 +262,8 @@ def write_unit(
     layout.marker(unit).unlink(missing_ok=True)
     try:
         with (
-            pq.ParquetWriter(partials[0], EXAMPLE_SCHEMA, compression="zstd") as shard,
-            pq.ParquetWriter(partials[1], HELDOUT_SCHEMA, compression="zstd") as heldout,
+            pq.ParquetWriter(partials[0], EXAMPLE_SCHEMA, **PARQUET_WRITE_OPTIONS) as shard,
+            pq.ParquetWriter(partials[1], HELDOUT_SCHEMA, **PARQUET_WRITE_OPTIONS) as heldout,
         ):
             transform = UnitTransform(unit, tokenizer, config, heldout=heldout.write_table, stream=stream)
             for table in transform.tables():

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from services.terminal import EXIT_INTERRUPTED, EXIT_STOPPED, EXIT_TERMINATED
+from services.terminal import EXIT_STOPPED, stopped_status
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -25,6 +25,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
         config, replaced = adopt_checkpoint_model(config, args.init_from, overrides)
         print(f"albert: {replaced_line(args.init_from, replaced)}", file=sys.stderr)
+    if args.verify_shards:
+        print(verify_shard_set(config))
     if args.dry_run:
         from services.train.dry_run import dry_run
 
@@ -51,10 +53,28 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if result.stopped:
         print(f"albert: stopped at step {result.step}: {result.stopped}", file=sys.stderr)
         if result.interrupted:
-            return EXIT_TERMINATED if result.signal == "SIGTERM" else EXIT_INTERRUPTED
+            return stopped_status(result.signal)
         return EXIT_STOPPED
     print(f"finished at step {result.step}; checkpoint {result.checkpoint}; metrics {result.metrics_file}")
     return 0
+
+
+def verify_shard_set(config) -> str:
+    """--verify-shards: every shard's sha256 against manifest.json, before Ray starts (DamagedShard: exit 65)."""
+    import time
+
+    from services.train.data import verify_shards
+    from services.train.plan import read_shard_set
+
+    started = time.perf_counter()
+    shards = read_shard_set(Path(config.data.shards).resolve())
+    hashed = verify_shards(shards.files, shards.sha256)
+    checked = sum(1 for digest in shards.sha256 if digest)
+    unlisted = f"; {len(shards.files) - checked} without one in manifest.json" if checked < len(shards.files) else ""
+    return (
+        f"verified {checked} shards ({hashed / 1e6:,.1f} MB) against their sha256 in manifest.json in "
+        f"{time.perf_counter() - started:.1f} s{unlisted}"
+    )
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -86,6 +106,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     pre.add_argument(
         "--dry-run", action="store_true", help="make the whole plan (every check) and print it; start nothing"
+    )
+    pre.add_argument(
+        "--verify-shards",
+        action="store_true",
+        help="hash every shard against manifest.json before starting (reads the whole set once; without it, each row "
+        "group's page checksums are checked as it is read)",
     )
     pre.add_argument("--no-progress", action="store_true", help="no progress bar")
     pre.set_defaults(func=cmd_pretrain)

@@ -19,6 +19,7 @@ from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, read_train
 from services.rundir.config import RunConfig
 from services.rundir.log import METRICS_FILE, read_metrics
 from services.rundir.resume import check_resume_changes
+from services.train.data import DamagedShard, damage_left
 from services.train.interrupt import run_interruptibly
 from services.train.plan import WorkerPlan, make_plan
 from services.train.worker import train_loop_per_worker
@@ -95,7 +96,7 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
     and end (after a SIGTERM, within train.stop_grace_s); a second one stops at once (services.train.interrupt).
     Workers Ray cannot place within train.startup_timeout_s fail the run with a message naming the resources missing,
     instead of a silent retry loop. Restarts after a preempted node count against train.max_preemption_failures."""
-    from ray.train import ControllerError, FailureConfig, ScalingConfig
+    from ray.train import ControllerError, FailureConfig, ScalingConfig, WorkerGroupError
     from ray.train import RunConfig as RayRunConfig  # Ray Train's run options, not the recipe's RunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -138,6 +139,20 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
         if "WorkerGroupStartupTimeoutError" not in type(err.controller_failure).__name__:
             raise
         raise ConfigError(workers_missing(t, resources, t.startup_timeout_s)) from None
+    except WorkerGroupError as err:
+        damage = next((e for e in err.worker_failures.values() if isinstance(e, DamagedShard)), None)
+        if damage is None:
+            raise
+        raise stopped_on_damage(plan, damage) from None
+    if (damage := damage_left(plan.run_dir)) is not None:  # a restarted worker group ended at once on it
+        raise stopped_on_damage(plan, damage)
+
+
+def stopped_on_damage(plan: WorkerPlan, damage: DamagedShard) -> DamagedShard:
+    """The damaged shard's line, with where the run stands (exit status 65 through the command's ValueError)."""
+    newest = latest_good(plan.checkpoints)
+    resumes = f"a resume starts from {newest}" if newest else "no checkpoint yet: a resume starts from step 0"
+    return DamagedShard(f"{damage}; the run stopped, {resumes}", damage.path, damage.row_group)
 
 
 def worker_group_size(t) -> int | tuple[int, int]:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from albert_core.files import free_bytes, size
 from albert_core.model.config import count_parameters
 from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, read_trainer_json
 from services.rundir.config import RunConfig
 from services.rundir.resume import describe_changes
 from services.train.driver import prepare_run
 from services.train.plan import WorkerPlan
+from services.train.space import checkpoint_count, run_space_need
 
 
 def dry_run(config: RunConfig, *, resume: bool, allow_config_change: Sequence[str] = ()) -> list[str]:
@@ -23,6 +25,10 @@ def dry_run(config: RunConfig, *, resume: bool, allow_config_change: Sequence[st
     newest = latest_good(config.run_dir / CHECKPOINTS_DIR) if resume else None
     start = read_trainer_json(newest)["state"]["step"] if newest is not None else 0
     lines = plan_lines(plan, start_step=start)
+    need = run_space_need(config, plan.token_ids.vocab_size, plan.tokenizer_files, resume=resume)
+    free = free_bytes(need.path)
+    free_text = "unknown space" if free is None else f"{size(free)}"
+    lines.append(f"disk: {need.what} need {size(need.total)}; {free_text} free in {need.path}")
     if changes:
         lines.append("changed since the run's last start (allowed):")
         lines += [f"  {line}" for line in describe_changes(changes)]
@@ -54,6 +60,8 @@ def plan_lines(plan: WorkerPlan, *, start_step: int = 0) -> list[str]:
         + (f"every {e.every_steps} steps and at the end" if e.every_steps else "at the end")
         + (f"; tasks {', '.join(e.tasks)}" if e.tasks else ""),
     ]
+    if plan.disk_warning:
+        lines.append(f"warning: {plan.disk_warning}")
     if t.dropout_removal_step:
         lines.append(f"dropout {model.hidden_dropout_prob:g} removed at step {t.dropout_removal_step}")
     if plan.init is not None:
@@ -99,9 +107,3 @@ def epoch_lines(plan: WorkerPlan) -> list[str]:
     batch = config.train.global_batch_size
     epochs = config.optim.total_steps * batch / per_epoch
     return [f"epochs: {per_epoch} examples each ({per_epoch / batch:.1f} steps); {epochs:.2f} epochs in all"]
-
-
-def checkpoint_count(config: RunConfig) -> int:
-    """Checkpoints the run saves: each multiple of train.checkpoint_every, and the last step."""
-    total, every = config.optim.total_steps, config.train.checkpoint_every
-    return total // every + (1 if total % every else 0)

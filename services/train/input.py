@@ -31,7 +31,7 @@ import torch
 
 from albert_core.text.tokenization import TokenIds
 from services.rundir.config import RunConfig
-from services.train.data import Prefetch, ShardRows, host_steps
+from services.train.data import DamagedShard, Prefetch, ShardRows, host_steps
 from services.train.follow import EpochData, data_stream
 from services.train.plan import ShardSet
 from services.train.step import make_micro_batches
@@ -59,7 +59,8 @@ class InputPlan:
         """Steps first, first + every, ... of the plan; it ends before a step past the decided epochs."""
         t = self.config.train
         stream = data_stream(self.shards, self.config.run.seed, list(self.epochs), tail=self.tail)
-        reader = ShardRows(self.shards.files, self.shards.order(self.shards.version, self.config.run.seed))
+        order = self.shards.order(self.shards.version, self.config.run.seed)
+        reader = ShardRows(self.shards.files, order, sha256=self.shards.sha256)
         mask_step = functools.partial(self._mask_step, micro_batch=t.micro_batch_size)
         for step in range(first, self.steps, every):
             one = host_steps(
@@ -98,11 +99,16 @@ class _StepsOfProcess(torch.utils.data.IterableDataset):
     def __init__(self, plan: InputPlan):
         self.plan = plan
 
-    def __iter__(self) -> Iterator[PackedStep]:
+    def __iter__(self) -> Iterator[PackedStep | DamagedShard]:
+        """Packed steps; a damaged shard comes back as an item (its one line), not as the loader's re-raised copy
+        of the exception, whose message is the input process's whole traceback."""
         info = torch.utils.data.get_worker_info()
         first, every = (info.id, info.num_workers) if info is not None else (0, 1)
-        for rows, micro in self.plan.items(first=first, every=every):
-            yield PackedStep.pack(rows, micro)
+        try:
+            for rows, micro in self.plan.items(first=first, every=every):
+                yield PackedStep.pack(rows, micro)
+        except DamagedShard as damage:
+            yield damage
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,13 @@ def keep_freed_memory(_worker_id: int = 0) -> None:
     libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD: the heap keeps this much free memory
 
 
+def _unpacked(steps: Iterator[PackedStep | DamagedShard], pin: bool) -> Iterator[HostStep]:
+    for packed in steps:
+        if isinstance(packed, DamagedShard):
+            raise packed
+        yield packed.unpack(pin=pin)
+
+
 def _as_made(item):
     return item  # not the loader's default, which would turn the example ids into tensors
 
@@ -195,7 +208,7 @@ def open_input(plan: InputPlan, *, workers: int, pin: bool, depth: int = 2) -> I
         persistent_workers=False,
     )
     steps = iter(loader)
-    unpacked = Prefetch((packed.unpack(pin=pin) for packed in steps), depth=1)  # widened (and pinned) off the loop
+    unpacked = Prefetch(_unpacked(steps, pin), depth=1)  # widened (and pinned) off the loop
     try:
         yield unpacked
     finally:

@@ -13,11 +13,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from albert_core.evaluation.intrinsic import pairable_heldout
 from albert_core.evaluation.unigram import UnigramBaseline, load_or_count
 from albert_core.examples.order import ExampleOrder
-from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR, ManifestError, ShardsManifest
+from albert_core.examples.shards import (
+    EXAMPLE_SCHEMA,
+    HELDOUT_FILE,
+    MANIFEST_FILE,
+    TRAIN_DIR,
+    ManifestError,
+    ShardsManifest,
+)
 from albert_core.files import CorruptCheckpoint
 from albert_core.model.config import ConfigError
 from albert_core.model.stacking import InitSummary, check_init_source
@@ -28,6 +37,7 @@ from services.rundir.config import RunConfig
 from services.rundir.config import config_hash as config_hash_of
 from services.rundir.sections import TrainSection
 from services.train.callbacks import StepCallback, installed_callbacks
+from services.train.space import check_run_space
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +68,14 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
     elif init_from is not None:
         check_shards_vocabulary(init_from, vocabulary, "model.init_from")
     shards = plan_data(shards_dir, config)
+    if coordinator is not None or dry_run:  # a run with a coordinator evaluates (--dry-run plans such a run)
+        check_heldout(shards_dir, config)
     ids = resolve_token_ids(shards_dir, config)
     if config.model.mlm_bias_init == "unigram" and not dry_run:
         unigram_for(shards_dir, config)  # counted once per shard set, then read by every worker
     init = check_init_source(init_from, config.model_config(ids.vocab_size)) if init_from is not None else None
+    carried = [path.resolve() for path in tokenizer_files(tokenizer)]  # absolute: the workers have their own cwd
+    disk_warning = check_run_space(config, ids.vocab_size, carried, resume=resume)  # NotEnoughSpace: refused
     run_dir = prepare_run_dir(config, resume=resume, dry_run=dry_run)
     return WorkerPlan(
         config=config,
@@ -75,7 +89,8 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
         init_data_position=init_data_position(init_from) if config.data.continue_from_init and init_from else None,
         unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
         callbacks=installed_callbacks(),
-        tokenizer_files=tuple(str(path.resolve()) for path in tokenizer_files(tokenizer)),  # workers have their own cwd
+        tokenizer_files=tuple(str(path) for path in carried),
+        disk_warning=disk_warning,
     )
 
 
@@ -251,6 +266,32 @@ def plan_data(shards_dir: Path, config: RunConfig) -> ShardSet:
     return shards
 
 
+def check_heldout(shards_dir: Path, config: RunConfig) -> None:
+    """The run's evaluations ([eval]: every eval.every_steps and at the end) read the shard set's held-out documents:
+    refuse a set whose held-out file is missing, holds none, or holds none that a SOP or NSP pair can be built from
+    (each needs two tokens), instead of a run whose every evaluation fails."""
+    heldout = shards_dir / HELDOUT_FILE
+    when = f"every {config.eval.every_steps} steps and at the end" if config.eval.every_steps else "at the end"
+    if not heldout.is_file():
+        raise FileNotFoundError(
+            f"data.shards: {heldout} not found; the run's evaluation ({when}) reads held-out documents from "
+            f"<shards>/{HELDOUT_FILE}"
+        )
+    try:
+        documents, pairable = pairable_heldout(str(heldout))
+    except (OSError, pa.ArrowException) as err:
+        raise ConfigError(f"data.shards: {heldout}: not a readable held-out file ({err})") from None
+    if pairable:
+        return
+    fraction = ShardsManifest.read(shards_dir).heldout_fraction
+    made = f" (made with --heldout-fraction {fraction:g})" if fraction is not None else ""
+    found = "no documents" if not documents else f"{documents} documents, none of two tokens or more"
+    raise ConfigError(
+        f"data.shards: {heldout} holds {found}{made}, so the run's evaluations ({when}) could build no SOP or NSP "
+        "pair; preprocess more text, or with a larger --heldout-fraction, into a new --output"
+    )
+
+
 def _check_mixture(shards: ShardSet, config: RunConfig) -> None:
     """data.mixture names parts of the set (or, for a run that follows it, parts still to come) and weighs some."""
     mixture = config.data.mixture
@@ -385,6 +426,7 @@ class WorkerPlan:
     unigram_dir: str | None = None  # model.mlm_bias_init = "unigram": the shard set holding unigram.npy
     callbacks: tuple[StepCallback, ...] = ()  # installed in the driver's process (services.train.callbacks)
     tokenizer_files: tuple[str, ...] = ()  # the shards' tokenizer, copied into every checkpoint
+    disk_warning: str | None = None  # the run directory's filesystem holds less than the run's checkpoints need
 
     @property
     def checkpoints(self) -> Path:

@@ -43,6 +43,8 @@ def pretrain(
         return prepared.finished
     for line in describe_changes(prepared.changes):
         print(f"albert: resuming {config.run.name} with a changed config: {line}", file=sys.stderr)
+    if prepared.plan.disk_warning:
+        print(f"albert: warning: {prepared.plan.disk_warning}", file=sys.stderr)
     connect(address, worker_logs=False)  # every check above ran before Ray started; a SIGTERM stops gracefully
     run_dir = config.run_dir.resolve()
     keep_tokenizer_with_run(Path(config.data.shards), run_dir)

@@ -37,6 +37,7 @@ from albert_core.optim import set_schedule_position, time_position
 from services.rundir.checkpoints import checkpoint_dir
 from services.rundir.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
+from services.train.data import DAMAGE_EVENT, DamagedShard, damage_left
 from services.train.follow import (
     EpochData,
     data_stream,
@@ -48,7 +49,7 @@ from services.train.follow import (
 from services.train.input import InputPlan, open_input
 from services.train.interrupt import stop_gracefully_on_sigterm
 from services.train.plan import ShardSet, WorkerPlan, config_hash
-from services.train.record import RunRecord, open_record
+from services.train.record import CoordinatorRecord, RunRecord, open_record
 from services.train.state import TrainerState
 from services.train.step import StepStats, initial_model, optimizer_for, step_seed
 
@@ -74,21 +75,40 @@ class Worker:
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train entry point; `loop_config["plan"]` is the WorkerPlan prepare_run made (services.train.driver)."""
+    """Ray Train entry point; `loop_config["plan"]` is the WorkerPlan prepare_run made (services.train.driver).
+
+    A damaged shard (services.train.data.DamagedShard) fails the worker group once: the run's log names it first,
+    and a worker group Ray Train restarts while that shard is still damaged ends at once instead of training up to
+    it again; the driver then stops the run with the shard's line."""
     worker = start_worker(loop_config["plan"])
+    if _from_rank0([worker.rank == 0 and damage_left(worker.plan.run_dir) is not None], worker)[0]:
+        return
     coordinator = worker.plan.coordinator
     # While this worker trains, a SIGTERM to its process asks the run for a graceful stop, as one to the driver does.
     with stop_gracefully_on_sigterm(coordinator, worker.rank) if coordinator else contextlib.nullcontext():
         model, optimizer, scheduler = build(worker)
         state = resume(worker, model, optimizer, scheduler)
         clock = Clock(worker, state)
-        while True:
-            diverged = train_steps(worker, model, optimizer, scheduler, state, clock)
-            if diverged is None:
-                return
-            state = roll_back(worker, model, optimizer, scheduler, state, diverged)
-            if state is None:
-                return
+        try:
+            while True:
+                diverged = train_steps(worker, model, optimizer, scheduler, state, clock)
+                if diverged is None:
+                    return
+                state = roll_back(worker, model, optimizer, scheduler, state, diverged)
+                if state is None:
+                    return
+        except DamagedShard as damage:
+            record_damage(worker, state.step, damage)
+            raise
+
+
+def record_damage(worker: Worker, step: int, damage: DamagedShard) -> None:
+    """The damaged shard in the run's log (through the coordinator from any rank; rank 0's own ledger otherwise)."""
+    record = worker.record
+    if record is None and worker.plan.coordinator:
+        record = CoordinatorRecord(worker.plan.coordinator)
+    if record is not None:
+        record.event(step, DAMAGE_EVENT, **damage.fields(), rank=worker.rank)
 
 
 def train_steps(worker: Worker, model, optimizer, scheduler, state: TrainerState, clock: Clock) -> Finding | None:

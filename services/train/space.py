@@ -1,0 +1,74 @@
+"""The disk a pretraining run will take in its run directory, checked before Ray starts (albert_core.files): its
+checkpoints, each the float32 weights, the optimizer's moments and the run's tokenizer files (within 0.02% of a
+22.9M-parameter checkpoint on disk, 1.1% of the tiny recipe's 0.6M), as many at once as retention keeps plus the one
+being written.
+
+Below one checkpoint the run is refused (it could keep no step); below what it will hold at once, warned.
+Evaluations still pending keep their checkpoints from retention a while, and the metrics log, the report and Ray's
+files under the run directory grow too: the warning is a floor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from albert_core.files import SpaceNeed, check_space, free_bytes, size
+from albert_core.model.config import AlbertConfig
+from albert_core.model.modeling import AlbertForPreTraining
+from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, list_checkpoints, read_trainer_json
+from services.rundir.config import RunConfig
+
+OPTIMIZER_MOMENTS = {"lamb": 2, "adamw": 2}  # float32 tensors the optimizer keeps per parameter (exp_avg, exp_avg_sq)
+JSON_ALLOWANCE = 1 << 17  # config.json, trainer.json (30 kB: its RNG states, the schedule), CHECKSUMS.json
+
+
+def parameter_count(config: AlbertConfig) -> int:
+    """The parameters a checkpoint of AlbertForPreTraining holds (heads included, a tied tensor once), counted on
+    the meta device: nothing is allocated."""
+    with torch.device("meta"):
+        model = AlbertForPreTraining(config)
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def checkpoint_bytes(config: AlbertConfig, optimizer: str, carried: int = 0) -> int:
+    """The bytes of one training checkpoint: float32 weights, the optimizer's float32 moments, the files it carries
+    (`carried` bytes: the run's tokenizer) and its JSON files."""
+    moments = OPTIMIZER_MOMENTS.get(optimizer, 2)
+    return parameter_count(config) * 4 * (1 + moments) + carried + JSON_ALLOWANCE
+
+
+def checkpoint_count(config: RunConfig, after_step: int = 0) -> int:
+    """Checkpoints the run saves after `after_step`: each multiple of train.checkpoint_every, and the last step."""
+    total, every = config.optim.total_steps, config.train.checkpoint_every
+    saved = total // every - min(after_step, total) // every
+    return saved + (1 if total % every and after_step < total else 0)
+
+
+def run_space_need(config: RunConfig, vocab_size: int, carried: Sequence[str | Path], *, resume: bool) -> SpaceNeed:
+    """What the run's checkpoints will add to its run directory (a resume: beyond the checkpoints already there)."""
+    run_dir = config.run_dir.resolve()
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    existing = len(list_checkpoints(checkpoints)) if resume else 0
+    newest = latest_good(checkpoints) if resume else None
+    start = read_trainer_json(newest)["state"]["step"] if newest is not None else 0
+    keep = config.train.keep_last
+    held = min(keep + 1, existing + checkpoint_count(config, start))
+    new = max(0, held - existing)
+    one = checkpoint_bytes(
+        config.model_config(vocab_size), config.optim.name, sum(Path(p).stat().st_size for p in carried)
+    )
+    why = f"train.keep_last {keep}, and the one being written" if held == keep + 1 else "all the run writes"
+    what = f"the run's {new} new checkpoint{'s' if new != 1 else ''} of {size(one)} ({why}"
+    what += f"; {existing} already there)" if existing else ")"
+    return SpaceNeed("run.output_dir", str(run_dir), new * one, one if new else 0, "checkpoint", what)
+
+
+def check_run_space(
+    config: RunConfig, vocab_size: int, carried: Sequence[str | Path], *, resume: bool, free: int | None = None
+) -> str | None:
+    """The warning line, None, or NotEnoughSpace, for the run directory's filesystem (`free`: its free bytes,
+    measured when not given)."""
+    need = run_space_need(config, vocab_size, carried, resume=resume)
+    return check_space(need, free_bytes(need.path) if free is None else free)
