@@ -67,7 +67,7 @@ def hf_albert(tmp_path_factory, spiece) -> Path:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    docs = [" ".join(LINES[i : i + 8]) for i in range(0, len(LINES) - 8, 8)]
+    docs = [" ".join(LINES[i : i + 3]) for i in range(0, len(LINES) - 2, 2)]  # 19, a quarter held out
     path.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs))
     return path
 
@@ -76,7 +76,7 @@ def preprocess(corpus: Path, tokenizer: Path, output: Path) -> Path:
     from services.preprocess.pipeline import run_preprocess
 
     run_preprocess(PreprocessConfig(inputs=[str(corpus)], tokenizer=str(tokenizer), output=str(output),
-                                    max_seq_length=SEQ, heldout_fraction=0.1))  # fmt: skip
+                                    max_seq_length=SEQ, heldout_fraction=0.25))  # fmt: skip
     return output
 
 
@@ -195,9 +195,15 @@ def assert_kept(result, checkpoint: Path) -> None:
         assert (trained[name] - tensor).abs().max() <= 1e-5, name
 
 
+@pytest.fixture(scope="module")
+def albert_run(tmp_path_factory, hf_albert, albert_shards):
+    """Two steps from the transformers ALBERT (the tests below read it and copy its checkpoint; none changes it)."""
+    return run_from(tmp_path_factory.mktemp("albert-run"), hf_albert, albert_shards, "albert")[1]
+
+
 @pytest.mark.ray
-def test_two_steps_from_a_transformers_albert_end_with_its_weights(tmp_path, hf_albert, albert_shards):
-    config, result = run_from(tmp_path, hf_albert, albert_shards, "albert")
+def test_two_steps_from_a_transformers_albert_end_with_its_weights(hf_albert, albert_run):
+    result = albert_run
     assert_kept(result, hf_albert)
     assert (result.checkpoint / "spiece.model").read_bytes() == (hf_albert / "spiece.model").read_bytes()
     events = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -267,10 +273,9 @@ def test_init_from_a_bert_with_shards_of_another_tokenizer_is_refused_before_ray
 
 @pytest.mark.ray
 def test_a_pretraining_checkpoint_with_shards_of_another_tokenizer_is_refused_wherever_it_sits(
-    tmp_path, hf_albert, albert_shards, minilm_shards, nothing_starts, capsys
+    tmp_path, albert_run, minilm_shards, nothing_starts, capsys
 ):
-    _, result = run_from(tmp_path, hf_albert, albert_shards, "source")
-    moved = shutil.copytree(result.checkpoint, tmp_path / "elsewhere" / "ckpt")  # away from its run directory
+    moved = shutil.copytree(albert_run.checkpoint, tmp_path / "elsewhere" / "ckpt")  # away from its run directory
     for argv in (["--init-from", str(moved)], ["--set", f"model.init_from={moved}"]):
         line = refused(capsys, pretrain_argv(tmp_path, minilm_shards, "again", *argv))
         assert f"checkpoint {moved} was made with SentencePiece {moved / 'spiece.model'}" in line
@@ -278,18 +283,16 @@ def test_a_pretraining_checkpoint_with_shards_of_another_tokenizer_is_refused_wh
 
 @pytest.mark.ray
 def test_a_resume_on_shards_of_another_tokenizer_is_refused_before_ray(
-    tmp_path, hf_albert, albert_shards, minilm_shards, nothing_starts, capsys
+    hf_albert, albert_run, minilm_shards, nothing_starts, capsys
 ):
-    run_from(tmp_path, hf_albert, albert_shards, "resumed")
-    argv = pretrain_argv(tmp_path / "runs", minilm_shards, "resumed", "--init-from", str(hf_albert))
+    argv = pretrain_argv(albert_run.run_dir.parent, minilm_shards, "albert", "--init-from", str(hf_albert))
     line = refused(capsys, [*argv, "--set", "optim.total_steps=4", "--allow-config-change", "data.shards"])
     assert line.startswith("albert: error: the resume: checkpoint ") and "WordPiece" in line
 
 
 @pytest.mark.ray
-def test_finetuning_a_moved_run_checkpoint_with_another_tokenizer_is_refused(tmp_path, hf_albert, albert_shards):
-    _, result = run_from(tmp_path, hf_albert, albert_shards, "tuned")
-    moved = shutil.copytree(result.checkpoint, tmp_path / "moved")
+def test_finetuning_a_moved_run_checkpoint_with_another_tokenizer_is_refused(tmp_path, albert_run):
+    moved = shutil.copytree(albert_run.checkpoint, tmp_path / "moved")
     check_tokenizer_fits(moved)  # its own tokenizer travels with it
     other = train_tokenizer(
         [*LINES, *(line[::-1] for line in LINES)], tmp_path / "other", TokenizerTrainConfig(vocab_size=VOCAB)
