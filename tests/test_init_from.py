@@ -22,6 +22,7 @@ from services.cli import main
 from services.preprocess.config import PreprocessConfig
 from services.rundir.config import RunConfig, parse_sets
 from services.rundir.init_from import adopt_checkpoint_model
+from services.rundir.report import write_report
 from services.rundir.status import read_status
 from services.terminal import EXIT_DATA
 from services.train.step import initial_model
@@ -207,8 +208,10 @@ def test_two_steps_from_a_transformers_albert_end_with_its_weights(hf_albert, al
     assert_kept(result, hf_albert)
     assert (result.checkpoint / "spiece.model").read_bytes() == (hf_albert / "spiece.model").read_bytes()
     events = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in events if e.get("event") == "initialized_from"] == ["event"]  # report.md lists it
     assert any(e.get("event") == "initialized_from" and e["initialized"] == [] for e in events)
     assert read_status(result.run_dir)["initialized_from"] == f"{hf_albert.resolve()} (continued pretraining)"
+    assert f"initialized from {hf_albert.resolve()} (transformers albert)" in write_report(result.run_dir).read_text()
 
 
 @pytest.mark.ray

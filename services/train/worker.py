@@ -198,7 +198,7 @@ def resume(worker: Worker, model, optimizer, scheduler) -> TrainerState:
         load_stacked(model, plan.init_from)
         if worker.record is not None and plan.init is not None:
             worker.record.event(0, "initialized_from", message=plan.init.line(), source=plan.init_from,
-                                kind=plan.init.kind, initialized=plan.init.initialized)  # fmt: skip
+                                checkpoint_kind=plan.init.kind, initialized=plan.init.initialized)  # fmt: skip
         if plan.init_data_position is not None:
             state.examples_seen = plan.init_data_position
     start_versions(worker, state)
