@@ -26,7 +26,7 @@ from services.preprocess.config import PreprocessConfig
 from services.preprocess.plan import plan_preprocess
 from services.preprocess.space import BYTES_PER_INPUT_BYTE, check_preprocess_space, preprocess_space_need
 from services.rundir.config import RunConfig
-from services.train.space import check_run_space, checkpoint_bytes, run_space_need
+from services.train.space import checkpoint_bytes, run_space_need
 from services.train.state import TrainerState, save_train_state
 from tests.test_bad_data import recipe, write_set
 from tests.test_train import MODEL, SEQ
@@ -88,8 +88,8 @@ def test_a_run_needs_keep_last_plus_one_checkpoints_and_is_warned_below_that(tmp
     need = run_space_need(config, 96, (), resume=False)
     assert (need.total, need.least) == (3 * one, one)  # 4 saves, keep_last 2: 3 on disk while the third is written
     run_dir = tmp_path / "runs" / "space"
-    assert check_run_space(config, 96, (), resume=False, free=3 * one) is None
-    assert check_run_space(config, 96, (), resume=False, free=2 * one) == (
+    assert check_space(need, 3 * one) is None
+    assert check_space(need, 2 * one) == (
         f"run.output_dir: {run_dir} has {size(2 * one)} free on its filesystem, less than the {size(3 * one)} that "
         f"the run's 3 new checkpoints of {size(one)} (train.keep_last 2, and the one being written) need; it may fill "
         "up before the end"
@@ -99,8 +99,9 @@ def test_a_run_needs_keep_last_plus_one_checkpoints_and_is_warned_below_that(tmp
 def test_a_run_is_refused_when_its_first_checkpoint_would_not_fit(tmp_path):
     config = pretrain_config(tmp_path)
     one = checkpoint_bytes(config.model_config(96), config.optim.name)
+    need = run_space_need(config, 96, (), resume=False)
     with pytest.raises(NotEnoughSpace, match=rf"has {size(one // 2)} free on its filesystem, less than one checkpoint"):
-        check_run_space(config, 96, (), resume=False, free=one // 2)
+        check_space(need, one // 2)
 
 
 def test_a_run_that_writes_fewer_checkpoints_than_it_keeps_needs_only_those(tmp_path):
@@ -118,7 +119,7 @@ def test_a_resume_counts_the_checkpoints_already_there(tmp_path):
     for step in (2, 4):
         save_train_state(checkpoints / f"step_{step:08d}", model, optimizer, None, TrainerState(step=step))
     one = checkpoint_bytes(config.model_config(96), config.optim.name)
-    need = run_space_need(config, 96, (), resume=True)
+    need = run_space_need(config, 96, (), resume=True, start_step=4)  # resumed from step 4
     assert need.total == one and need.what.endswith("; 2 already there)")  # the third, while the oldest goes
 
 

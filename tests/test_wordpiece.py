@@ -21,7 +21,13 @@ from albert_core.evaluation.unigram import UnigramBaseline
 from albert_core.examples.batch import mlm_batch
 from albert_core.examples.masking import IGNORE_INDEX
 from albert_core.examples.shards import MANIFEST_FILE, TRAIN_DIR, ShardsManifest
-from albert_core.text.tokenization import Tokenizer, TokenizerTrainConfig, load_tokenizer, train_tokenizer
+from albert_core.text.tokenization import (
+    Tokenizer,
+    TokenizerTrainConfig,
+    load_tokenizer,
+    tokenizer_files,
+    train_tokenizer,
+)
 from albert_core.text.vocabulary import Vocabulary, VocabularyMismatch, check_vocabulary, find_tokenizer
 from albert_core.text.wordpiece import WordPieceTokenizer
 from services.cli import main
@@ -326,7 +332,8 @@ def test_a_part_appended_to_the_set_takes_its_wordpiece_tokenizer(shards, tmp_pa
 def test_a_pretraining_run_keeps_the_wordpiece_tokenizer_where_its_checkpoints_find_it(shards, bert, tmp_path):
     from services.train.pretrain import keep_tokenizer_with_run
 
-    keep_tokenizer_with_run(shards, tmp_path / "run")
+    files = [str(path) for path in tokenizer_files(ShardsManifest.read(shards).tokenizer_model())]
+    keep_tokenizer_with_run(files, shards, tmp_path / "run")
     checkpoint = tmp_path / "run" / "checkpoints" / "step_00000010"
     assert find_tokenizer(checkpoint) == tmp_path / "run"
     kept = load_tokenizer(find_tokenizer(checkpoint))

@@ -96,8 +96,10 @@ def checkpoint_vocabulary(checkpoint: str | Path) -> Vocabulary | None:
     own = own_vocabulary(checkpoint)
     if own is not None:
         return own
-    found = find_tokenizer(checkpoint)
-    return own_vocabulary(found.parent if found is not None and found.is_file() else found) if found else None
+    found = find_tokenizer(checkpoint)  # a spiece.model, or a WordPiece directory
+    if found is None:
+        return None
+    return own_vocabulary(found.parent if found.is_file() else found)
 
 
 def check_vocabulary(checkpoint: str | Path, tokenizer: Vocabulary, role: str = "the tokenizer is") -> None:

@@ -75,10 +75,12 @@ def prepare_run(
     unless `allow_config_change` names them. resume=False refuses a run directory that already holds checkpoints.
     `coordinator`: the run's coordinator actor the workers report to (None: rank 0 keeps the ledger itself).
     dry_run: the checks and the plan only, nothing written (`albert pretrain --dry-run`)."""
-    if resume and (done := result_of(config)).finished:
+    done = result_of(config) if resume else None  # where a resume starts: the newest good checkpoint, verified once
+    if done is not None and done.finished:
         return PreparedRun(config, None, finished=done)
     changes = check_resume_changes(config.run_dir, config, allow_config_change) if resume else {}
-    plan = make_plan(config, resume=resume, coordinator=coordinator, dry_run=dry_run)
+    newest = (done.checkpoint, done.step) if done is not None and done.checkpoint is not None else None
+    plan = make_plan(config, resume=resume, coordinator=coordinator, dry_run=dry_run, newest=newest)
     return PreparedRun(config, plan, changes=changes)
 
 

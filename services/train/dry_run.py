@@ -8,12 +8,11 @@ from collections.abc import Sequence
 
 from albert_core.files import free_bytes, size
 from albert_core.model.config import count_parameters
-from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, read_trainer_json
 from services.rundir.config import RunConfig
 from services.rundir.resume import describe_changes
 from services.train.driver import prepare_run
 from services.train.plan import WorkerPlan
-from services.train.space import checkpoint_count, run_space_need
+from services.train.space import checkpoint_count
 
 
 def dry_run(config: RunConfig, *, resume: bool, allow_config_change: Sequence[str] = ()) -> list[str]:
@@ -22,10 +21,8 @@ def dry_run(config: RunConfig, *, resume: bool, allow_config_change: Sequence[st
     if prepared.finished is not None:
         return [prepared.finished_line(), "dry run: nothing was started or written"]
     plan, changes = prepared.plan, prepared.changes
-    newest = latest_good(config.run_dir / CHECKPOINTS_DIR) if resume else None
-    start = read_trainer_json(newest)["state"]["step"] if newest is not None else 0
-    lines = plan_lines(plan, start_step=start)
-    need = run_space_need(config, plan.token_ids.vocab_size, plan.tokenizer_files, resume=resume)
+    lines = plan_lines(plan)
+    need = plan.disk
     free = free_bytes(need.path)
     free_text = "unknown space" if free is None else f"{size(free)}"
     lines.append(f"disk: {need.what} need {size(need.total)}; {free_text} free in {need.path}")
@@ -36,11 +33,12 @@ def dry_run(config: RunConfig, *, resume: bool, allow_config_change: Sequence[st
     return lines
 
 
-def plan_lines(plan: WorkerPlan, *, start_step: int = 0) -> list[str]:
+def plan_lines(plan: WorkerPlan) -> list[str]:
     """What the run will do: the run directory, the model, the shard set, the workers, steps, epochs, checkpoints."""
     config = plan.config
     o, t, e = config.optim, config.train, config.eval
     model = config.model_config(plan.token_ids.vocab_size)
+    start_step = plan.start_step
     where = f"resumes from step {start_step}" if start_step else "a new run"
     lines = [
         f"run {config.run.name}: {plan.run_dir} ({where})",

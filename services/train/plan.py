@@ -27,27 +27,35 @@ from albert_core.examples.shards import (
     ManifestError,
     ShardsManifest,
 )
-from albert_core.files import CorruptCheckpoint
+from albert_core.files import CorruptCheckpoint, SpaceNeed, check_space, free_bytes
 from albert_core.model.config import ConfigError
 from albert_core.model.stacking import InitSummary, check_init_source
 from albert_core.text.tokenization import SPECIAL_PIECES, TokenIds, load_tokenizer, tokenizer_files
 from albert_core.text.vocabulary import Vocabulary, VocabularyMismatch, check_vocabulary, shards_vocabulary
-from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, list_checkpoints, read_trainer_json
+from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints, read_trainer_json
 from services.rundir.config import RunConfig
 from services.rundir.config import config_hash as config_hash_of
 from services.rundir.sections import TrainSection
 from services.train.callbacks import StepCallback, installed_callbacks
-from services.train.space import check_run_space
+from services.train.space import run_space_need
 
 log = logging.getLogger(__name__)
 
 COLUMNS = [f.name for f in EXAMPLE_SCHEMA]
 
 
-def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_run: bool = False) -> WorkerPlan:
+def make_plan(
+    config: RunConfig,
+    *,
+    resume: bool,
+    coordinator: str | None,
+    dry_run: bool = False,
+    newest: tuple[Path, int] | None = None,
+) -> WorkerPlan:
     """The plan the workers get, with every check it needs (the backend, the shard set `data.shards`, the
-    vocabulary, model.init_from, the run directory). dry_run: nothing written (no run directory made, no unigram
-    counts stored: `albert pretrain --dry-run`)."""
+    vocabulary, model.init_from, the run directory, its disk). dry_run: nothing written (no run directory made, no
+    unigram counts stored: `albert pretrain --dry-run`). `newest`: the newest good checkpoint of the run directory
+    and its step, where a resume starts (prepare_run found and verified it); None: a new run, or none yet."""
     pjrt_device = None
     if config.train.backend == "xla":
         if importlib.util.find_spec("torch_xla") is None:
@@ -60,10 +68,9 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
         raise ConfigError("data.shards: empty; point it at a preprocess output directory")
     shards_dir = Path(config.data.shards).resolve()
     tokenizer, vocabulary = shards_tokenizer(shards_dir)
-    newest = latest_good(config.run_dir.resolve() / CHECKPOINTS_DIR) if resume else None
     init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
     if newest is not None:  # the run resumes its own checkpoint: model.init_from is not read
-        check_shards_vocabulary(newest, vocabulary, "the resume")
+        check_shards_vocabulary(newest[0], vocabulary, "the resume")
         init_from = None
     elif init_from is not None:
         check_shards_vocabulary(init_from, vocabulary, "model.init_from")
@@ -75,7 +82,9 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
         unigram_for(shards_dir, config)  # counted once per shard set, then read by every worker
     init = check_init_source(init_from, config.model_config(ids.vocab_size)) if init_from is not None else None
     carried = [path.resolve() for path in tokenizer_files(tokenizer)]  # absolute: the workers have their own cwd
-    disk_warning = check_run_space(config, ids.vocab_size, carried, resume=resume)  # NotEnoughSpace: refused
+    start_step = newest[1] if newest is not None else 0
+    disk = run_space_need(config, ids.vocab_size, carried, resume=resume, start_step=start_step)
+    disk_warning = check_space(disk, free_bytes(disk.path))  # NotEnoughSpace: refused
     run_dir = prepare_run_dir(config, resume=resume, dry_run=dry_run)
     return WorkerPlan(
         config=config,
@@ -90,6 +99,8 @@ def make_plan(config: RunConfig, *, resume: bool, coordinator: str | None, dry_r
         unigram_dir=str(shards_dir) if config.model.mlm_bias_init == "unigram" else None,
         callbacks=installed_callbacks(),
         tokenizer_files=tuple(str(path) for path in carried),
+        start_step=start_step,
+        disk=disk,
         disk_warning=disk_warning,
     )
 
@@ -426,6 +437,8 @@ class WorkerPlan:
     unigram_dir: str | None = None  # model.mlm_bias_init = "unigram": the shard set holding unigram.npy
     callbacks: tuple[StepCallback, ...] = ()  # installed in the driver's process (services.train.callbacks)
     tokenizer_files: tuple[str, ...] = ()  # the shards' tokenizer, copied into every checkpoint
+    start_step: int = 0  # the step of the newest good checkpoint when planned: where a resume starts
+    disk: SpaceNeed | None = None  # what the run's checkpoints will add to the run directory
     disk_warning: str | None = None  # the run directory's filesystem holds less than the run's checkpoints need
 
     @property

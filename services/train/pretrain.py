@@ -10,8 +10,6 @@ from pathlib import Path
 
 import ray
 
-from albert_core.examples.shards import ShardsManifest
-from albert_core.text.tokenization import tokenizer_files
 from services.cluster import connect, coordinator_name
 from services.rundir.config import RunConfig
 from services.rundir.report import LiveView, write_report
@@ -47,7 +45,7 @@ def pretrain(
         print(f"albert: warning: {prepared.plan.disk_warning}", file=sys.stderr)
     connect(address, worker_logs=False)  # every check above ran before Ray started; a SIGTERM stops gracefully
     run_dir = config.run_dir.resolve()
-    keep_tokenizer_with_run(Path(config.data.shards), run_dir)
+    keep_tokenizer_with_run(prepared.plan.tokenizer_files, Path(config.data.shards), run_dir)
     coordinator = get_or_create_coordinator(run_dir, config.run.name, config.to_dict())
     with LiveView(run_dir, config.optim.total_steps, progress=progress):
         result = launch(prepared.plan)
@@ -60,15 +58,14 @@ def pretrain(
     return result
 
 
-def keep_tokenizer_with_run(shards: Path, run_dir: Path) -> None:
-    """Copy the tokenizer the shards were made with into the run directory (each of its checkpoints carries a copy
-    too), so the run directory says what its checkpoints speak."""
+def keep_tokenizer_with_run(files: Sequence[str], shards: Path, run_dir: Path) -> None:
+    """Copy the tokenizer the shards were made with (its `files`, the plan's) into the run directory (each of its
+    checkpoints carries a copy too), so the run directory says what its checkpoints speak."""
     import shutil
 
-    source = ShardsManifest.read(shards).tokenizer_model()
-    if source is None:
+    if not files:
         log.warning("%s: names no readable tokenizer; fine-tuning will need --tokenizer", shards)
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    for path in tokenizer_files(source):
+    for path in map(Path, files):
         shutil.copy2(path, run_dir / path.name)

@@ -9,15 +9,14 @@ files under the run directory grow too: the warning is a floor."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from albert_core.files import SpaceNeed, check_space, free_bytes, size
+from albert_core.files import SpaceNeed, size
+from albert_core.model.checkpoint import expected_shapes
 from albert_core.model.config import AlbertConfig
-from albert_core.model.modeling import AlbertForPreTraining
-from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, list_checkpoints, read_trainer_json
+from services.rundir.checkpoints import CHECKPOINTS_DIR, list_checkpoints
 from services.rundir.config import RunConfig
 
 OPTIMIZER_MOMENTS = {"lamb": 2, "adamw": 2}  # float32 tensors the optimizer keeps per parameter (exp_avg, exp_avg_sq)
@@ -25,11 +24,9 @@ JSON_ALLOWANCE = 1 << 17  # config.json, trainer.json (30 kB: its RNG states, th
 
 
 def parameter_count(config: AlbertConfig) -> int:
-    """The parameters a checkpoint of AlbertForPreTraining holds (heads included, a tied tensor once), counted on
-    the meta device: nothing is allocated."""
-    with torch.device("meta"):
-        model = AlbertForPreTraining(config)
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    """The parameters a checkpoint of AlbertForPreTraining holds (heads included; the MLM decoder is the tied word
+    embeddings), from the tensor shapes the checkpoint format expects: nothing is allocated."""
+    return sum(math.prod(shape) for shape in expected_shapes(config).values())
 
 
 def checkpoint_bytes(config: AlbertConfig, optimizer: str, carried: int = 0) -> int:
@@ -46,15 +43,15 @@ def checkpoint_count(config: RunConfig, after_step: int = 0) -> int:
     return saved + (1 if total % every and after_step < total else 0)
 
 
-def run_space_need(config: RunConfig, vocab_size: int, carried: Sequence[str | Path], *, resume: bool) -> SpaceNeed:
-    """What the run's checkpoints will add to its run directory (a resume: beyond the checkpoints already there)."""
+def run_space_need(
+    config: RunConfig, vocab_size: int, carried: Sequence[str | Path], *, resume: bool, start_step: int = 0
+) -> SpaceNeed:
+    """What the run's checkpoints will add to its run directory (a resume, from the checkpoint of `start_step`:
+    beyond the checkpoints already there)."""
     run_dir = config.run_dir.resolve()
-    checkpoints = run_dir / CHECKPOINTS_DIR
-    existing = len(list_checkpoints(checkpoints)) if resume else 0
-    newest = latest_good(checkpoints) if resume else None
-    start = read_trainer_json(newest)["state"]["step"] if newest is not None else 0
+    existing = len(list_checkpoints(run_dir / CHECKPOINTS_DIR)) if resume else 0
     keep = config.train.keep_last
-    held = min(keep + 1, existing + checkpoint_count(config, start))
+    held = min(keep + 1, existing + checkpoint_count(config, start_step))
     new = max(0, held - existing)
     one = checkpoint_bytes(
         config.model_config(vocab_size), config.optim.name, sum(Path(p).stat().st_size for p in carried)
@@ -63,12 +60,3 @@ def run_space_need(config: RunConfig, vocab_size: int, carried: Sequence[str | P
     what = f"the run's {new} new checkpoint{'s' if new != 1 else ''} of {size(one)} ({why}"
     what += f"; {existing} already there)" if existing else ")"
     return SpaceNeed("run.output_dir", str(run_dir), new * one, one if new else 0, "checkpoint", what)
-
-
-def check_run_space(
-    config: RunConfig, vocab_size: int, carried: Sequence[str | Path], *, resume: bool, free: int | None = None
-) -> str | None:
-    """The warning line, None, or NotEnoughSpace, for the run directory's filesystem (`free`: its free bytes,
-    measured when not given)."""
-    need = run_space_need(config, vocab_size, carried, resume=resume)
-    return check_space(need, free_bytes(need.path) if free is None else free)
