@@ -1,15 +1,19 @@
-"""Time masking of one 512-token example: n-gram whole-word masking vs plain random 15% token masking.
+"""The batch masker against a plain per-row 15% masker, in rows/s, on rows as a training worker reads them.
 
-The baseline is the cheapest honest alternative, in numpy on the same examples: each non-special token chosen
-with p=0.15, then 80% [MASK] / 10% random / 10% kept. Variants timed in interleaved rounds (median reported):
+Rows: synthetic [CLS] A [SEP] B [SEP] pairs (90% full length, the rest a quarter to all of it; Zipf-distributed
+piece ids, three quarters of them word starts) written to a Parquet table in the shard schema and read back as
+`services.train.data.ShardRows.read` reads them: `column.to_numpy()` of the Arrow list columns, one numpy array a
+row. Timed in interleaved rounds (median reported), at 128 and 512 tokens, in this one process:
 
-- baseline      plain random token masking, one running generator
-- ngram         albert_core.examples.masking.ngram_mask, one running generator
-- ngram+rng     ngram_mask with example_rng(seed, epoch, example_id) per example (what training does)
-- mlm_batch     albert_core.examples.batch.mlm_batch on 64-row batches, per row (masking + padding + seeding, all rows
-                of a batch at once; bench/bench_input.py --input-only compares it with the per-row code)
+- plain     the cheapest honest per-row masker: each micro-batch's padded arrays (input_ids, attention_mask,
+            token_type_ids, mlm_labels, pair_labels) filled row by row, each non-special token of a row chosen with
+            p = 0.15 from one running numpy generator, then 80% [MASK] / 10% random / 10% kept
+- batch     what a worker runs: `albert_core.examples.batch.mlm_batches` on a step's rows in one call, cut into
+            micro-batches (whole-word n-gram spans, seeded per example and epoch)
 
-    python bench/bench_masking.py [--examples 2000] [--rounds 5]
+The ratio batch / plain is the number to read (targets: >= 0.84 at 512 tokens, >= 1.3 at 128).
+
+    python bench/bench_masking.py [--step-rows 512] [--micro-batch 64] [--rows 4096] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -20,105 +24,117 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import pyarrow as pa
+import torch
 
-from albert_core.examples.batch import mlm_batch
-from albert_core.examples.masking import IGNORE_INDEX, example_rng, ngram_mask
+from albert_core.examples.batch import mlm_batches
+from albert_core.examples.masking import IGNORE_INDEX
+from albert_core.examples.shards import EXAMPLE_SCHEMA
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
-SPECIAL = (PAD, CLS, SEP)
+SPECIAL = (0, 1, 2, 3, 4)  # ALBERT's pad, unk, [CLS], [SEP], [MASK]
 VOCAB = 30_000
-LENGTH = 512
 
 
-def make_examples(n: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """[CLS] A [SEP] B [SEP] with English-like words of 1-4 pieces (mostly 1)."""
+def worker_rows(n: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """n rows in the shard schema, through Arrow, as a worker's reader returns them (object columns of arrays)."""
     rng = np.random.default_rng(seed)
-    examples = []
+    columns: dict[str, list] = {name: [] for name in ("input_ids", "token_type_ids", "word_starts")}
     for _ in range(n):
-        ids = rng.integers(5, VOCAB, size=LENGTH)
-        pieces = rng.choice([1, 2, 3, 4], size=LENGTH, p=[0.72, 0.18, 0.07, 0.03])
-        starts = np.concatenate(([0], np.cumsum(pieces)))
-        word_starts = np.zeros(LENGTH, dtype=bool)
-        word_starts[starts[starts < LENGTH]] = True
-        sep = int(rng.integers(100, 400))
-        ids[[0, sep, LENGTH - 1]] = (CLS, SEP, SEP)
-        word_starts[[0, sep, LENGTH - 1]] = True
-        examples.append((ids, word_starts))
-    return examples
+        size = length if rng.random() < 0.9 else int(rng.integers(length // 4, length))
+        n_a = int(rng.integers(1, size - 3))
+        pieces = (rng.zipf(1.3, size - 3) - 1) % (VOCAB - 5) + 5
+        starts = rng.random(size) < 0.75
+        starts[[0, n_a + 1, size - 1]] = True
+        columns["input_ids"].append(np.concatenate([[CLS], pieces[:n_a], [SEP], pieces[n_a:], [SEP]]))
+        columns["token_type_ids"].append(np.r_[np.zeros(n_a + 2, np.int8), np.ones(size - n_a - 2, np.int8)])
+        columns["word_starts"].append(starts)
+    table = pa.table(
+        {
+            "example_id": np.arange(n, dtype=np.int64),
+            "pair_label": rng.integers(0, 2, n).astype(np.int8),
+            **{
+                name: [list(map(int, v)) if name != "word_starts" else list(map(bool, v)) for v in values]
+                for name, values in columns.items()
+            },  # fmt: skip
+        }
+    )
+    table = table.select([f.name for f in EXAMPLE_SCHEMA if f.name in table.column_names])
+    table = table.cast(pa.schema([EXAMPLE_SCHEMA.field(name) for name in table.column_names]))
+    return {name: table.column(name).to_numpy() for name in table.column_names}
 
 
-def random_token_mask(ids: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Baseline: i.i.d. 15% of non-special tokens, 80/10/10."""
-    special = (ids == PAD) | (ids == CLS) | (ids == SEP)
-    positions = np.flatnonzero((rng.random(ids.size) < 0.15) & ~special)
-    labels = np.full(ids.size, IGNORE_INDEX, dtype=np.int64)
-    labels[positions] = ids[positions]
-    out = ids.copy()
-    action = rng.random(positions.size)
-    out[positions[action < 0.8]] = MASK
-    random_at = positions[(action >= 0.8) & (action < 0.9)]
-    out[random_at] = rng.integers(5, VOCAB, size=random_at.size)
-    return out, labels
+def plain_batch(ids_rows, type_rows, pair_labels, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A micro-batch padded to its longest row (a multiple of 8), each row masked i.i.d. at 15%, 80/10/10."""
+    n_rows = len(ids_rows)
+    width = -(-max(len(row) for row in ids_rows) // 8) * 8
+    batch = {
+        "input_ids": np.full((n_rows, width), PAD, dtype=np.int64),
+        "attention_mask": np.zeros((n_rows, width), dtype=np.int64),
+        "token_type_ids": np.zeros((n_rows, width), dtype=np.int64),
+        "mlm_labels": np.full((n_rows, width), IGNORE_INDEX, dtype=np.int64),
+        "pair_labels": np.asarray(pair_labels, dtype=np.int64),
+    }
+    for r, (row, types) in enumerate(zip(ids_rows, type_rows, strict=True)):
+        ids = row.astype(np.int64)
+        n = ids.size
+        special = ids <= MASK  # pad, unk, [CLS], [SEP], [MASK]: ids 0-4
+        positions = np.flatnonzero((rng.random(n) < 0.15) & ~special)
+        batch["mlm_labels"][r, positions] = ids[positions]
+        action = rng.random(positions.size)
+        ids[positions[action < 0.8]] = MASK
+        random_at = positions[(action >= 0.8) & (action < 0.9)]
+        ids[random_at] = rng.integers(5, VOCAB, size=random_at.size)
+        batch["input_ids"][r, :n] = ids
+        batch["attention_mask"][r, :n] = 1
+        batch["token_type_ids"][r, :n] = types
+    return batch
 
 
-def timed(fn: Callable[[], None], n_examples: int) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) / n_examples * 1e6
+def rates(length: int, n_rows: int, step_rows: int, micro: int, rounds: int) -> dict[str, float]:
+    """Median rows/s of the plain and the batch masker on the same rows, interleaved rounds after a warm-up."""
+    rows = worker_rows(n_rows, length, seed=length)
+    columns = [rows[name] for name in ("input_ids", "token_type_ids", "pair_label", "word_starts", "example_id")]
+
+    def plain() -> None:
+        rng = np.random.default_rng(1)
+        for a in range(0, n_rows, micro):
+            plain_batch(rows["input_ids"][a : a + micro], rows["token_type_ids"][a : a + micro],
+                        rows["pair_label"][a : a + micro], rng)  # fmt: skip
+
+    def batch() -> None:
+        for a in range(0, n_rows, step_rows):
+            mlm_batches(*(c[a : a + step_rows] for c in columns), micro_batch=micro, seed=1, epoch=0, seq_len=None,
+                        vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK)  # fmt: skip
+
+    variants: dict[str, Callable[[], None]] = {"plain": plain, "batch": batch}
+    for fn in variants.values():
+        fn()
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: n_rows / statistics.median(values) for name, values in seconds.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--examples", type=int, default=2000)
+    parser.add_argument("--step-rows", type=int, default=512, help="a worker's rows per step (one mlm_batches call)")
+    parser.add_argument("--micro-batch", type=int, default=64)
+    parser.add_argument("--rows", type=int, default=4096, help="rows per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--lengths", default="128,512")
     args = parser.parse_args()
-    examples = make_examples(args.examples)
-    n = len(examples)
-
-    def baseline() -> None:
-        rng = np.random.default_rng(1)
-        for ids, _ in examples:
-            random_token_mask(ids, rng)
-
-    def ngram() -> None:
-        rng = np.random.default_rng(1)
-        for ids, ws in examples:
-            ngram_mask(ids, ws, rng=rng, vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK)
-
-    def ngram_seeded() -> None:
-        for i, (ids, ws) in enumerate(examples):
-            ngram_mask(ids, ws, rng=example_rng(1, 0, i), vocab_size=VOCAB, special_ids=SPECIAL, mask_id=MASK)
-
-    def batched() -> None:
-        for first in range(0, n, 64):
-            chunk = examples[first : first + 64]
-            mlm_batch(
-                [ids for ids, _ in chunk],
-                [np.zeros(LENGTH, dtype=np.int64)] * len(chunk),
-                [0] * len(chunk),
-                [ws for _, ws in chunk],
-                list(range(first, first + len(chunk))),
-                seed=1,
-                epoch=0,
-                seq_len=LENGTH,
-                vocab_size=VOCAB,
-                special_ids=SPECIAL,
-                mask_id=MASK,
-            )
-
-    variants = {"baseline": baseline, "ngram": ngram, "ngram+rng": ngram_seeded, "mlm_batch": batched}
-    for fn in variants.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, fn in variants.items():
-            times[name].append(timed(fn, n))
-
-    base = statistics.median(times["baseline"])
-    print(f"{n} examples of {LENGTH} tokens, {args.rounds} interleaved rounds, median us per example")
-    for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{name:>10}: {median:8.1f} us/example   x{median / base:5.2f} vs baseline")
+    torch.set_num_threads(1)
+    print(f"numpy {np.__version__}; {args.rows} rows a round, steps of {args.step_rows} rows, micro-batches of "
+          f"{args.micro_batch}, {args.rounds} interleaved rounds (medians)\n")  # fmt: skip
+    print("| tokens | plain per-row 15% (rows/s) | batch masker (rows/s) | batch / plain |\n|---|---|---|---|")
+    for length in (int(n) for n in args.lengths.split(",")):
+        measured = rates(length, args.rows, args.step_rows, args.micro_batch, args.rounds)
+        plain, batch = measured["plain"], measured["batch"]
+        print(f"| {length} | {plain:,.0f} | {batch:,.0f} | {batch / plain:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
