@@ -6,9 +6,9 @@ model's steps (the default).
 quarters of them word starts, at 128 and 512 tokens. Measured, with a worker's share of a step of `--step-rows`
 rows in micro-batches of 32 (glibc set to keep freed memory, as input processes run):
 
-- masker, per core: the rows masked per second in this process, `mlm_batch_per_row` on each micro-batch (the
-  per-row code the loop ran before) against `mlm_batches` on the step's rows at once (what it runs now), in
-  interleaved rounds; their ratio is the speed-up on the same rows in the same run
+- masker, per core: the rows masked per second in this process, bench/bench_masking.py's plain per-row 15% masker
+  on each micro-batch against `mlm_batches` on the step's rows at once (what a worker runs), in interleaved rounds;
+  their ratio is on the same rows in the same run
 - input, per worker: Parquet shards written to a temporary directory and read as a worker reads them
   (services.train.input: the example order, rows by row group, masking), in the thread (input_workers = 0) and
   in 1 and 2 input processes; rows/s after the first step (the start-up, printed apart)
@@ -76,7 +76,6 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +83,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from albert_core.examples.batch import mlm_batch_per_row, mlm_batches
 from albert_core.examples.shards import EXAMPLE_SCHEMA, example_id
 from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining, estimate_flops_per_token
@@ -149,33 +147,11 @@ def write_shards(directory: Path, *, length: int, rows_per_file: int, files: int
 
 
 def masker_rates(length: int, n_rows: int, step_rows: int, rounds: int) -> dict[str, float]:
-    """Rows/s of the per-row masker on each micro-batch and of the batch masker on each step's rows, this process."""
-    rows = realistic_rows(n_rows, length, np.random.default_rng(length))
-    options = {"seed": 1, "epoch": 0, "seq_len": None, "vocab_size": 30_000, "special_ids": SPECIAL, "mask_id": 4}
-    columns = [rows[name] for name in ("input_ids", "token_type_ids", "pair_label", "word_starts", "example_id")]
+    """Rows/s of the plain per-row masker on each micro-batch and of the batch masker on each step's rows."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_masking import rates  # a script beside this one
 
-    def per_row() -> None:
-        for a in range(0, n_rows, MICRO_BATCH):
-            mlm_batch_per_row(*(c[a : a + MICRO_BATCH] for c in columns), **options)
-
-    def batched() -> None:
-        for a in range(0, n_rows, step_rows):
-            mlm_batches(*(c[a : a + step_rows] for c in columns), micro_batch=MICRO_BATCH, **options)
-
-    return interleaved({"per-row (before)": per_row, "batch (now)": batched}, n_rows, rounds)
-
-
-def interleaved(variants: dict[str, Callable[[], None]], n_rows: int, rounds: int) -> dict[str, float]:
-    """Median rows/s of each variant over interleaved rounds (after one warm-up round)."""
-    for fn in variants.values():
-        fn()
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: n_rows / statistics.median(values) for name, values in seconds.items()}
+    return rates(length, n_rows, step_rows, MICRO_BATCH, rounds)
 
 
 def input_rates(shards: ShardSet, length: int, step_rows: int, steps: int, workers: list[int], rounds: int):
@@ -215,14 +191,14 @@ def input_only(args) -> None:
     print(f"numpy {np.__version__}, torch {torch.__version__}; {args.rows} rows per masker round, steps of "
           f"{args.step_rows} rows in micro-batches of {MICRO_BATCH}; on a shared 2-core machine")  # fmt: skip
     best: dict[int, float] = {}
-    print("\n| tokens | masker before (rows/s/core) | masker now (rows/s/core) | x | "
+    print("\n| tokens | plain per-row masker (rows/s/core) | batch masker (rows/s/core) | x | "
           + " | ".join(f"input, {'thread' if n == 0 else f'{n} process' + 'es' * (n > 1)} (rows/s/worker)"
                        for n in workers) + " |")  # fmt: skip
     print("|---|---|---|---|" + "---|" * len(workers))
     with tempfile.TemporaryDirectory() as tmp:
         for length in (128, 512):
             masker = masker_rates(length, args.rows, args.step_rows, args.rounds)
-            before, now = masker["per-row (before)"], masker["batch (now)"]
+            before, now = masker["plain"], masker["batch"]
             shards = write_shards(Path(tmp) / str(length), length=length, rows_per_file=args.step_rows * 8, files=4,
                                   vocab=30_000)  # fmt: skip
             rates = input_rates(shards, length, args.step_rows, args.input_steps, workers, args.rounds)

@@ -66,28 +66,29 @@ def worker_rows(n: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 def plain_batch(ids_rows, type_rows, pair_labels, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A micro-batch padded to its longest row (a multiple of 8), each row masked i.i.d. at 15%, 80/10/10."""
-    n_rows = len(ids_rows)
-    width = -(-max(len(row) for row in ids_rows) // 8) * 8
-    batch = {
-        "input_ids": np.full((n_rows, width), PAD, dtype=np.int64),
-        "attention_mask": np.zeros((n_rows, width), dtype=np.int64),
-        "token_type_ids": np.zeros((n_rows, width), dtype=np.int64),
-        "mlm_labels": np.full((n_rows, width), IGNORE_INDEX, dtype=np.int64),
-        "pair_labels": np.asarray(pair_labels, dtype=np.int64),
-    }
-    for r, (row, types) in enumerate(zip(ids_rows, type_rows, strict=True)):
-        ids = row.astype(np.int64)
-        n = ids.size
-        special = ids <= MASK  # pad, unk, [CLS], [SEP], [MASK]: ids 0-4
-        positions = np.flatnonzero((rng.random(n) < 0.15) & ~special)
-        batch["mlm_labels"][r, positions] = ids[positions]
-        action = rng.random(positions.size)
-        ids[positions[action < 0.8]] = MASK
-        random_at = positions[(action >= 0.8) & (action < 0.9)]
-        ids[random_at] = rng.integers(5, VOCAB, size=random_at.size)
-        batch["input_ids"][r, :n] = ids
-        batch["attention_mask"][r, :n] = 1
-        batch["token_type_ids"][r, :n] = types
+    lengths = np.fromiter(map(len, ids_rows), dtype=np.int64, count=len(ids_rows))
+    width = -(-int(lengths.max()) // 8) * 8
+    inside = np.arange(width)[None, :] < lengths[:, None]
+    ids = np.concatenate(ids_rows).astype(np.int64)
+    masked, labels = ids.copy(), np.full(ids.size, IGNORE_INDEX, dtype=np.int64)
+    start = 0
+    for n in lengths.tolist():  # row by row, one running generator
+        row = ids[start : start + n]
+        at = start + np.flatnonzero((rng.random(n) < 0.15) & (row > MASK))  # ids 0-4: pad, unk, [CLS], [SEP], [MASK]
+        labels[at] = ids[at]
+        action = rng.random(at.size)
+        masked[at[action < 0.8]] = MASK
+        random_at = at[(action >= 0.8) & (action < 0.9)]
+        masked[random_at] = rng.integers(5, VOCAB, size=random_at.size)
+        start += n
+    batch = {"input_ids": masked, "attention_mask": None, "token_type_ids": np.concatenate(type_rows),
+             "mlm_labels": labels}  # fmt: skip
+    for name, fill in (("input_ids", PAD), ("token_type_ids", 0), ("mlm_labels", IGNORE_INDEX)):
+        padded = np.full(inside.shape, fill, dtype=np.int64)
+        padded[inside] = batch[name]
+        batch[name] = padded
+    batch["attention_mask"] = inside.astype(np.int64)
+    batch["pair_labels"] = np.asarray(pair_labels, dtype=np.int64)
     return batch
 
 

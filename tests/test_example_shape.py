@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from albert_core.examples.masking_batch import MaskSettings
+from albert_core.examples.masking import MaskSettings
 from albert_core.examples.pairs import PairConfig
 from albert_core.examples.shape import FIELDS, ExampleShape, shape_fields
 from albert_core.model.config import ConfigError

@@ -9,11 +9,13 @@ import os
 import pytest
 import torch
 
+from albert_core.examples.masking import MASK_SCHEME
 from albert_core.files import CHECKSUM_FILE, LEGACY_CHECKSUM_FILE, TRAINER_FILE
-from albert_core.model.config import AlbertConfig
+from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
 from services.rundir.checkpoints import OPTIMIZER_FILE, checkpoint_dir, latest_good, read_trainer_json, verify
+from services.train.plan import check_mask_scheme
 from services.train.state import CorruptCheckpoint, TrainerState, load_train_state, save_train_state
 
 VOCAB = 64
@@ -238,3 +240,29 @@ def test_trainer_json_is_plain_json(tmp_path):
     data = json.loads((path / TRAINER_FILE).read_text())
     assert data["optimizer"]["class"] == "Lamb"
     assert data["scheduler"]["last_epoch"] == 0
+
+
+def test_a_checkpoint_records_its_mask_scheme_and_one_without_it_reads_as_scheme_1(tmp_path):
+    model, opt, sched = build()
+    path = save(tmp_path, model, opt, sched, 1)
+    assert read_trainer_json(path)["state"]["mask_scheme"] == MASK_SCHEME
+    state = dict(read_trainer_json(path)["state"])
+    del state["mask_scheme"]  # as every checkpoint written before the scheme was recorded
+    assert TrainerState.from_dict(state, source="old").mask_scheme == 1
+
+
+def test_resuming_a_checkpoint_of_another_mask_scheme_is_refused_in_one_line(tmp_path):
+    """Scheme 1's masks (numpy's PCG64 per row) are not made any more: its run is refused, naming both schemes and
+    how to keep its weights; a checkpoint of this scheme resumes."""
+    model, opt, sched = build()
+    path = save(tmp_path, model, opt, sched, 1)
+    check_mask_scheme(path)
+    trainer = read_trainer_json(path)
+    del trainer["state"]["mask_scheme"]
+    (path / TRAINER_FILE).write_text(json.dumps(trainer))
+    with pytest.raises(ConfigError) as refusal:
+        check_mask_scheme(path)
+    message = str(refusal.value)
+    assert "\n" not in message
+    assert f"mask scheme 1, this albert masks with scheme {MASK_SCHEME}" in message
+    assert f"--init-from {path}" in message

@@ -1,9 +1,8 @@
 """MLM + sentence-pair training batches from pair examples, with dynamic n-gram masking.
 
-Each row is masked as ``ngram_mask`` masks it with ``example_rng(seed, epoch, example_id)``, so its mask depends only
-on those three numbers: not on the batch it lands in, the worker that builds it, or the order rows arrive in. A resumed
-run re-creates the same masks, and a new epoch draws new ones. The rows of a batch are masked together
-(albert_core.examples.masking_batch), to the same arrays as the per-row code.
+The rows of a batch are masked together (albert_core.examples.masking), each by its tokens and its key (seed, epoch,
+example id) alone: not by the batch it lands in, the worker that builds it, or the order rows arrive in. A resumed run
+re-creates the same masks, and a new epoch draws new ones.
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from albert_core.examples.masking import IGNORE_INDEX, example_rng, ngram_mask
-from albert_core.examples.masking_batch import MaskSettings, ngram_mask_rows
+from albert_core.examples.masking import IGNORE_INDEX, MaskSettings, mask_rows
 
 PAD_MULTIPLE = 8  # seq_len=None pads to the longest row rounded up to this, so few distinct shapes reach compile
 
@@ -45,8 +43,7 @@ def mlm_batch(
     `epoch` is one epoch for every row, or one per row (a batch that crosses an epoch boundary of the example
     stream). seq_len=None pads to the longest row rounded up to a multiple of 8; an int pads every batch to exactly
     that (static shapes for XLA) and rejects longer rows. Padding has attention_mask 0, token type 0 and label -100.
-    Row r is masked exactly as ``ngram_mask(row, rng=example_rng(seed, epoch, example_ids[r]), ...)`` masks it, all
-    rows at once (albert_core.examples.masking_batch).
+    Row r is masked by its tokens and its key (seed, its epoch, example_ids[r]) alone (albert_core.examples.masking).
     """
     return mlm_batches(
         input_ids, token_type_ids, pair_labels, word_starts, example_ids, micro_batch=None, seed=seed, epoch=epoch,
@@ -73,8 +70,8 @@ def mlm_batches(
     mask_prob: float = 0.15,
     max_ngram: int = 3,
 ) -> list[dict[str, np.ndarray]]:
-    """`mlm_batch` of each run of `micro_batch` rows (None: all of them), masked together: the batch masker's work
-    is mostly per call, so one call for a training step's micro-batches is faster than one per micro-batch. Each
+    """`mlm_batch` of each run of `micro_batch` rows (None: all of them), masked together: the masker's work is
+    partly per call, so one call for a training step's micro-batches is faster than one per micro-batch. Each
     micro-batch is padded on its own, and equals what `mlm_batch` makes of its rows."""
     n_rows = len(input_ids)
     for name, column in (
@@ -100,22 +97,29 @@ def mlm_batches(
     for group, width in zip(groups, widths, strict=True):
         _check_rows(lengths[group], _lengths(token_type_ids[group]), _lengths(word_starts[group]),
                     example_ids[group], width, first=group.start)  # fmt: skip
-    inside = np.arange(max(widths))[None, :] < lengths[:, None]
-    masked, labels = ngram_mask_rows(
-        _padded(input_ids, inside, pad_id, np.int64),
-        _padded(word_starts, inside, False, bool),
-        lengths,
+    width = max(widths)
+    inside = np.arange(width)[None, :] < lengths[:, None]
+    flat_ids = np.concatenate(input_ids)
+    if flat_ids.dtype.kind not in "iu":  # rows given as lists, all of them empty
+        flat_ids = flat_ids.astype(np.int64)
+    masked = mask_rows(
+        flat_ids,
+        np.concatenate(word_starts),
+        np.concatenate(([0], np.cumsum(lengths))),
         seed=seed,
         epochs=np.broadcast_to(np.asarray(epoch, dtype=np.int64), (n_rows,)),
         example_ids=example_ids,
         settings=MaskSettings(vocab_size, tuple(special), mask_id, mask_prob, max_ngram),
     )
+    at = masked.rows * width + masked.positions - (np.cumsum(lengths) - lengths)[masked.rows]
     arrays = {
-        "input_ids": masked,
+        "input_ids": _padded(flat_ids, inside, pad_id),
         "attention_mask": inside.astype(np.int64),
-        "token_type_ids": _padded(token_type_ids, inside, 0, np.int64),
-        "mlm_labels": labels,
+        "token_type_ids": _padded(np.concatenate(token_type_ids), inside, 0),
+        "mlm_labels": np.full(inside.shape, IGNORE_INDEX, dtype=np.int64),
     }
+    arrays["input_ids"].reshape(-1)[at] = masked.inputs
+    arrays["mlm_labels"].reshape(-1)[at] = masked.labels
     pairs = np.asarray(pair_labels, dtype=np.int64).reshape(n_rows)
     return [
         {**{k: np.ascontiguousarray(v[group, :width]) for k, v in arrays.items()}, "pair_labels": pairs[group]}
@@ -127,11 +131,10 @@ def _lengths(column: Sequence[Sequence]) -> np.ndarray:
     return np.fromiter((len(row) for row in column), dtype=np.int64, count=len(column))
 
 
-def _padded(column: Sequence[Sequence], inside: np.ndarray, fill, dtype) -> np.ndarray:
-    """Rows of `column` left-aligned in a rows x width array of `dtype`, `fill` past each row's end."""
-    out = np.full(inside.shape, fill, dtype=dtype)
-    if inside.any():
-        out[inside] = np.concatenate(column)  # row-major: the rows one after another
+def _padded(flat: np.ndarray, inside: np.ndarray, fill: int) -> np.ndarray:
+    """The rows laid end to end in `flat`, left-aligned in a rows x width int64 array, `fill` past each row's end."""
+    out = np.full(inside.shape, fill, dtype=np.int64)
+    out[inside] = flat  # row-major: the rows one after another
     return out
 
 
@@ -148,56 +151,3 @@ def _check_rows(lengths, type_lengths, start_lengths, example_ids, width: int, f
     for name, size in (("token_type_ids", type_lengths[r]), ("word_starts", start_lengths[r])):
         if size != n:
             raise ValueError(f"{where} has {int(size)} {name} for {n} input_ids")
-
-
-def mlm_batch_per_row(
-    input_ids: Sequence[Sequence[int]],
-    token_type_ids: Sequence[Sequence[int]],
-    pair_labels: Sequence[int],
-    word_starts: Sequence[Sequence[bool]],
-    example_ids: Sequence[int],
-    *,
-    seed: int,
-    epoch: int | Sequence[int],
-    seq_len: int | None,
-    vocab_size: int,
-    special_ids: Iterable[int],
-    mask_id: int,
-    pad_id: int = 0,
-    mask_prob: float = 0.15,
-    max_ngram: int = 3,
-) -> dict[str, np.ndarray]:
-    """`mlm_batch` row by row, each row through ``ngram_mask`` with its own ``example_rng``: the reference the batch
-    masker is tested against (tests/test_masking_batch.py) and timed against (bench/bench_input.py --input-only)."""
-    n_rows = len(input_ids)
-    special = [int(i) for i in special_ids]
-    if pad_id not in special:
-        special.append(pad_id)
-    rows = [np.asarray(row, dtype=np.int64) for row in input_ids]
-    width = padded_length(max(row.size for row in rows)) if seq_len is None else seq_len
-    batch = {
-        "input_ids": np.full((n_rows, width), pad_id, dtype=np.int64),
-        "attention_mask": np.zeros((n_rows, width), dtype=np.int64),
-        "token_type_ids": np.zeros((n_rows, width), dtype=np.int64),
-        "mlm_labels": np.full((n_rows, width), IGNORE_INDEX, dtype=np.int64),
-        "pair_labels": np.asarray(pair_labels, dtype=np.int64).reshape(n_rows),
-    }
-    epochs = np.broadcast_to(np.asarray(epoch, dtype=np.int64), (n_rows,))
-    columns = zip(rows, token_type_ids, word_starts, example_ids, epochs, strict=True)
-    for r, (ids, types, starts, example_id, row_epoch) in enumerate(columns):
-        n = ids.size
-        masked, labels = ngram_mask(
-            ids,
-            starts,
-            rng=example_rng(seed, int(row_epoch), int(example_id)),
-            mask_prob=mask_prob,
-            max_ngram=max_ngram,
-            vocab_size=vocab_size,
-            special_ids=special,
-            mask_id=mask_id,
-        )
-        batch["input_ids"][r, :n] = masked
-        batch["attention_mask"][r, :n] = 1
-        batch["token_type_ids"][r, :n] = np.asarray(types, dtype=np.int64)
-        batch["mlm_labels"][r, :n] = labels
-    return batch

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from albert_core.evaluation.intrinsic import pairable_heldout
 from albert_core.evaluation.unigram import UnigramBaseline, load_or_count
+from albert_core.examples.masking import MASK_SCHEME
 from albert_core.examples.order import ExampleOrder
 from albert_core.examples.shards import (
     EXAMPLE_SCHEMA,
@@ -71,6 +72,7 @@ def make_plan(
     init_from = Path(config.model.init_from).resolve() if config.model.init_from else None
     if newest is not None:  # the run resumes its own checkpoint: model.init_from is not read
         check_shards_vocabulary(newest[0], vocabulary, "the resume")
+        check_mask_scheme(newest[0])
         init_from = None
     elif init_from is not None:
         check_shards_vocabulary(init_from, vocabulary, "model.init_from")
@@ -112,6 +114,19 @@ def check_shards_vocabulary(checkpoint: Path, vocabulary: Vocabulary | None, wha
             check_vocabulary(checkpoint, vocabulary, role="data.shards were made with")
         except VocabularyMismatch as err:
             raise ConfigError(f"{what}: {err}") from None
+
+
+def check_mask_scheme(checkpoint: Path) -> None:
+    """Refuse to resume a checkpoint written under another definition of the masks than this albert's: its examples
+    would be masked anew, not as the run masked them. A checkpoint that records no scheme was written under scheme 1
+    (numpy's PCG64 streams per row), whose masks albert no longer makes; its weights still start a new run."""
+    scheme = read_trainer_json(checkpoint)["state"].get("mask_scheme", 1)
+    if scheme != MASK_SCHEME:
+        raise ConfigError(
+            f"the resume: {checkpoint} was trained with mask scheme {scheme}, this albert masks with scheme "
+            f"{MASK_SCHEME} only; start a new run from its weights: albert pretrain --config RECIPE "
+            f"--init-from {checkpoint} --set run.name=NEW_NAME"
+        )
 
 
 def prepare_run_dir(config: RunConfig, *, resume: bool, dry_run: bool) -> Path:

@@ -5,9 +5,9 @@ A training checkpoint is a directory (e.g. `<run_dir>/checkpoints/step_00001000`
     config.json          AlbertConfig                      } albert_core.model.checkpoint.save_model: the model alone
     model.safetensors    weights under canonical names     } loads with albert_core.model.checkpoint.load_model
     optimizer.safetensors  optimizer state tensors, keyed "<parameter name>.<state key>" (e.g. ".exp_avg")
-    trainer.json         step, epoch, data position (examples seen), dropout, scheduler state, optimizer
-                         hyperparameters and non-tensor state, torch/numpy/python RNG states, run config hash,
-                         last metrics
+    trainer.json         step, epoch, data position (examples seen), the masks' scheme, dropout, scheduler state,
+                         optimizer hyperparameters and non-tensor state, torch/numpy/python RNG states, run config
+                         hash, last metrics
     CHECKSUMS.json       sha256 and size of every other file (written last)
 
 Nothing is pickled: tensors are safetensors, the rest is JSON, so loading a checkpoint cannot run code. This module
@@ -35,6 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from albert_core.examples.masking import MASK_SCHEME
 from albert_core.files import TRAINER_FILE, WEIGHTS_FILE, CorruptCheckpoint
 from albert_core.model.checkpoint import CheckpointError, load_weights, read_checkpoint, save_model
 from services.rundir.checkpoints import FORMAT, OPTIMIZER_FILE, VERSION, read_trainer_json, verify, writing
@@ -56,6 +57,9 @@ class TrainerState:
     # were recorded (the run's configured mixture is taken).
     epoch_versions: list[int] = field(default_factory=list)
     epoch_mixtures: list[dict[str, float]] = field(default_factory=list)
+    # The definition of the masks the run trained under (albert_core.examples.masking.MASK_SCHEME); a checkpoint
+    # written before it was recorded holds none: scheme 1 (services.train.plan.check_mask_scheme).
+    mask_scheme: int = MASK_SCHEME
     dropout: float = 0.0  # dropout probability applied to the model now
     config_hash: str = ""  # sha256 of the run config the checkpoint was written under
     world_size: int = 1
@@ -71,7 +75,7 @@ class TrainerState:
         unknown = sorted(set(data) - known)
         if unknown:
             raise CorruptCheckpoint(f"{source}: unknown trainer state field {unknown[0]!r}")
-        return cls(**data)
+        return cls(**{"mask_scheme": 1, **data})
 
 
 # --------------------------------------------------------------------------------------------------
