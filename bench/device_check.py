@@ -19,8 +19,9 @@ e. throughput: our training step at the albert-base and albert-large shapes, bat
    transformers, and MFU against a bf16 GEMM peak measured in the same run (bench/bench_train.py's functions;
    steps interleaved, synchronized). The goal: bf16 MFU >= 50% for albert-large (a missed goal is a failed check).
 f. input: the training input alone on this host (bench/bench_input.py --input-only's measurements, no model):
-   masker rows/s per core (the per-row code against the batch masker, same rows, same run) and a worker's input
-   rows/s in the thread and in 1, 2 and 4 input processes (1 and 2 with --quick), at 128 and 512 tokens; then the
+   masker rows/s per core (bench_masking.py's plain per-row 15% masker against the batch masker, same rows, same
+   run) and a worker's input rows/s in the thread and in 1, 2 and 4 input processes (1 and 2 with --quick), at 128
+   and 512 tokens; then the
    headroom over what an H200 consumes at 50% of its bf16 peak: the goal is >= 2x for every preset at 512 tokens
    and albert-base at 128 (a missed goal is a failed check). And what input in the thread costs a launch-bound loop
    (bench_input.py --launch-bound: ~35 ms of tiny torch ops a step, a worker's 256 rows x 128 tokens a step) against
@@ -480,8 +481,8 @@ def check_input(quick: bool) -> list[Check]:
                                   vocab=30_000)  # fmt: skip
             rates = input_rates(shards, length, step_rows, steps, workers, rounds)
             best[length] = max(rate for rate, _ in rates.values())
-            before, now = round(masker["per-row (before)"]), round(masker["batch (now)"])
-            numbers = {"masker_per_row": before, "masker_batch": now, "masker_x": round(now / before, 2)}
+            before, now = round(masker["plain"]), round(masker["batch"])
+            numbers = {"masker_plain": before, "masker_batch": now, "masker_x": round(now / before, 2)}
             numbers.update({("thread" if n == 0 else f"processes_{n}"): round(rate) for n, (rate, _) in rates.items()})
             checks.append(Check(f"input rows/s at {length} tokens", "pass", numbers, f"steps of {step_rows} rows"))
     steps = launch_bound_steps(256, 128, 35.0, 20 if quick else 40, rounds)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from albert_core.examples.masking import IGNORE_INDEX, MaskSettings, mask_rows
+from albert_core.examples.masking import IGNORE_INDEX, Masked, MaskSettings, mask_rows
 
 PAD_MULTIPLE = 8  # seq_len=None pads to the longest row rounded up to this, so few distinct shapes reach compile
 
@@ -97,34 +97,46 @@ def mlm_batches(
     for group, width in zip(groups, widths, strict=True):
         _check_rows(lengths[group], _lengths(token_type_ids[group]), _lengths(word_starts[group]),
                     example_ids[group], width, first=group.start)  # fmt: skip
-    width = max(widths)
-    inside = np.arange(width)[None, :] < lengths[:, None]
     flat_ids = np.concatenate(input_ids)
     if flat_ids.dtype.kind not in "iu":  # rows given as lists, all of them empty
         flat_ids = flat_ids.astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
     masked = mask_rows(
         flat_ids,
         np.concatenate(word_starts),
-        np.concatenate(([0], np.cumsum(lengths))),
+        offsets,
         seed=seed,
         epochs=np.broadcast_to(np.asarray(epoch, dtype=np.int64), (n_rows,)),
         example_ids=example_ids,
         settings=MaskSettings(vocab_size, tuple(special), mask_id, mask_prob, max_ngram),
     )
-    at = masked.rows * width + masked.positions - (np.cumsum(lengths) - lengths)[masked.rows]
-    arrays = {
-        "input_ids": _padded(flat_ids, inside, pad_id),
-        "attention_mask": inside.astype(np.int64),
-        "token_type_ids": _padded(np.concatenate(token_type_ids), inside, 0),
-        "mlm_labels": np.full(inside.shape, IGNORE_INDEX, dtype=np.int64),
-    }
-    arrays["input_ids"].reshape(-1)[at] = masked.inputs
-    arrays["mlm_labels"].reshape(-1)[at] = masked.labels
+    flat_types = np.concatenate(token_type_ids)
     pairs = np.asarray(pair_labels, dtype=np.int64).reshape(n_rows)
     return [
-        {**{k: np.ascontiguousarray(v[group, :width]) for k, v in arrays.items()}, "pair_labels": pairs[group]}
+        _micro_batch(group, width, offsets, flat_ids, flat_types, masked, pad_id) | {"pair_labels": pairs[group]}
         for group, width in zip(groups, widths, strict=True)
     ]
+
+
+def _micro_batch(group: slice, width: int, offsets, flat_ids, flat_types, masked: Masked, pad_id: int) -> dict:
+    """The padded arrays of the rows of `group` (laid end to end from offsets[group.start]), masked as `masked` says
+    (its positions are ascending, so a group's are one slice of them)."""
+    first, stop = group.start, min(group.stop, offsets.size - 1)
+    a, b = offsets[first], offsets[stop]
+    inside = np.arange(width)[None, :] < np.diff(offsets[first : stop + 1])[:, None]
+    p, q = np.searchsorted(masked.positions, (a, b))
+    rows = masked.rows[p:q]
+    at = (rows - first) * width + masked.positions[p:q] - offsets[rows]
+    input_ids = _padded(flat_ids[a:b], inside, pad_id)
+    input_ids.reshape(-1)[at] = masked.inputs[p:q]
+    labels = np.full(inside.shape, IGNORE_INDEX, dtype=np.int64)
+    labels.reshape(-1)[at] = masked.labels[p:q]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": inside.astype(np.int64),
+        "token_type_ids": _padded(flat_types[a:b], inside, 0),
+        "mlm_labels": labels,
+    }
 
 
 def _lengths(column: Sequence[Sequence]) -> np.ndarray:
