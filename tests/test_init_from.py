@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from albert_core.evaluation.unigram import UnigramBaseline
+from albert_core.files import CHECKSUM_FILE
 from albert_core.model.checkpoint import read_checkpoint
 from albert_core.model.config import ConfigError
 from albert_core.model.stacking import check_init_source, load_stacked
@@ -20,6 +21,7 @@ from albert_core.text.tokenization import TokenizerTrainConfig, load_tokenizer, 
 from albert_core.text.vocabulary import VocabularyMismatch, check_tokenizer_fits
 from services.cli import main
 from services.preprocess.config import PreprocessConfig
+from services.rundir.checkpoints import write_checksums
 from services.rundir.config import RunConfig, parse_sets
 from services.rundir.init_from import adopt_checkpoint_model
 from services.rundir.report import write_report
@@ -291,6 +293,25 @@ def test_a_resume_on_shards_of_another_tokenizer_is_refused_before_ray(
     argv = pretrain_argv(albert_run.run_dir.parent, minilm_shards, "albert", "--init-from", str(hf_albert))
     line = refused(capsys, [*argv, "--set", "optim.total_steps=4", "--allow-config-change", "data.shards"])
     assert line.startswith("albert: error: the resume: checkpoint ") and "WordPiece" in line
+
+
+@pytest.mark.ray
+def test_a_resume_of_a_run_masked_under_scheme_1_is_refused_before_ray(
+    tmp_path, hf_albert, albert_run, albert_shards, nothing_starts, capsys
+):
+    """Checkpoints written before the mask scheme was recorded (scheme 1, numpy's PCG64 per row): the resume is
+    refused in one line naming both schemes and how to keep the weights."""
+    run_dir = shutil.copytree(albert_run.run_dir, tmp_path / "albert")
+    for trainer in run_dir.glob("checkpoints/step_*/trainer.json"):
+        data = json.loads(trainer.read_text())
+        del data["state"]["mask_scheme"]
+        trainer.write_text(json.dumps(data))
+        checksums = json.loads((trainer.parent / CHECKSUM_FILE).read_text())
+        write_checksums(trainer.parent, checksums.pop("files"), **checksums)
+    argv = pretrain_argv(tmp_path, albert_shards, "albert", "--init-from", str(hf_albert))
+    line = refused(capsys, [*argv, "--set", "optim.total_steps=4"])
+    assert line.startswith("albert: error: the resume: ") and "mask scheme 1, this albert masks with scheme 2" in line
+    assert "--init-from " in line and "run.name=NEW_NAME" in line
 
 
 @pytest.mark.ray

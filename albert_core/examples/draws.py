@@ -37,14 +37,14 @@ def mix(z: np.ndarray) -> np.ndarray:
 
 
 def example_keys(seed: int, epochs: np.ndarray, example_ids: np.ndarray) -> np.ndarray:
-    """The key of each example in its epoch (uint64, one per row): from the run's seed, the epoch and the example id,
-    all non-negative integers."""
+    """The key of each example in its epoch (uint64, one per row): from the run's seed (taken modulo 2**64), the
+    epoch and the example id, all non-negative integers."""
     epochs, example_ids = np.asarray(epochs), np.asarray(example_ids)
     for name, values in (("seed", np.asarray(seed)), ("epoch", epochs), ("example_id", example_ids)):
         if values.size and int(values.min()) < 0:
             raise ValueError(f"masks: {name} must be a non-negative integer, got {int(values.min())}")
     with np.errstate(over="ignore"):
-        key = mix(np.full(np.broadcast(epochs, example_ids).shape, _SALT ^ np.uint64(seed), dtype=np.uint64))
+        key = mix(np.full(np.broadcast(epochs, example_ids).shape, _SALT ^ np.uint64(int(seed) % 2**64), dtype=np.uint64))
         key = mix((key + GAMMA) ^ epochs.astype(np.uint64))
         return mix((key + GAMMA) ^ example_ids.astype(np.uint64))
 
