@@ -43,8 +43,9 @@ def example_keys(seed: int, epochs: np.ndarray, example_ids: np.ndarray) -> np.n
     for name, values in (("seed", np.asarray(seed)), ("epoch", epochs), ("example_id", example_ids)):
         if values.size and int(values.min()) < 0:
             raise ValueError(f"masks: {name} must be a non-negative integer, got {int(values.min())}")
+    salted = _SALT ^ np.uint64(int(seed) % 2**64)
     with np.errstate(over="ignore"):
-        key = mix(np.full(np.broadcast(epochs, example_ids).shape, _SALT ^ np.uint64(int(seed) % 2**64), dtype=np.uint64))
+        key = mix(np.full(np.broadcast(epochs, example_ids).shape, salted, dtype=np.uint64))
         key = mix((key + GAMMA) ^ epochs.astype(np.uint64))
         return mix((key + GAMMA) ^ example_ids.astype(np.uint64))
 
