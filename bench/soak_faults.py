@@ -25,7 +25,10 @@ from tests.worker_callbacks import read_trace
 CHECKPOINT_EVERY = 4
 NOTHING, IN_FLIGHT, TO_CHECKPOINT = 0, 1, CHECKPOINT_EVERY  # steps a fault may roll a worker back
 STALL_S = (4.0, 12.0)  # how long a stalled checkpoint write stands still (drawn)
-DRAIN_DEADLINE_S = 6  # a preemption notice's deadline, after which the node is removed
+# A preemption notice's deadline, after which the node is removed. Ray Train's PreemptionWatcher polls the drain
+# state every 5 s, so a notice reaches the workers up to 5 s plus a step (2 s here) after the drain: with 6 s the
+# node was once gone before it did (seed 4242's first soak: no notice, back to the last checkpoint, as a kill).
+DRAIN_DEADLINE_S = 15
 WAIT_S = 300  # the longest wait for a recovery, a driver's exit, an answer
 
 
@@ -66,8 +69,8 @@ def draw_schedule(rng: random.Random, n_faults: int, only: list[str] | None = No
 
 def total_steps_for(schedule: list[tuple[int, str]]) -> int:
     """Steps enough for every fault: its gap, the steps trained while it is injected and recovers (a drain's
-    deadline: most, 3 at 2 s a step), and a few at the end past a checkpoint."""
-    return 2 + sum(gap + 6 for gap, _ in schedule) + CHECKPOINT_EVERY + 2
+    deadline: most, 7 at 2 s a step), and a few at the end past a checkpoint."""
+    return 2 + sum(gap + 6 + (6 if kind == "drain_notice" else 0) for gap, kind in schedule) + CHECKPOINT_EVERY + 2
 
 
 def live_actors(class_name: str, states: tuple[str, ...] = ("ALIVE",)) -> list[dict[str, Any]]:
@@ -98,11 +101,14 @@ class Injector:
             trace = self.wait_for_step(gap)
             if trace is None:
                 return
+            drawn = kind
             if kind == "evaluator_kill" and not live_actors("IntrinsicEvaluator", EVALUATOR_STATES):
                 kind = "worker_kill"
             now = [r for r in trace if r["time"] >= self.since]
             fault = {"kind": kind, "at_step": max(r["step"] for r in now)}
             fault.update(getattr(self, kind)(self.newest_by_rank(now)))
+            if drawn != kind:
+                fault.update(drawn=drawn, detail=f"{fault['detail']} (drawn: {drawn}, none ran)")
             self.since = fault.get("recovered_at", fault["time"])
             self.faults.append(fault)
             print(f"  fault {len(self.faults)}: {summary_line(fault)}", flush=True)
