@@ -1,21 +1,30 @@
-"""Soak test (`make soak`): a tiny pretraining run on a simulated multi-node Ray cluster under a randomized schedule
-of real faults, checked against an uninterrupted run of the same seed.
+"""Soak test (`bash scripts/soak.sh`): a tiny pretraining run on a simulated multi-node Ray cluster under a
+randomized schedule of real faults, checked against an uninterrupted run of the same seed.
 
 The cluster (tests/ray_clusters.py: `ray.cluster_utils.Cluster`, every node on 127.0.0.1) is a head node and two
-worker nodes of 1 CPU each; training runs 2 workers of 1 CPU with its coordinator (evaluations every `--eval-every`
-steps). Faults, drawn at random steps:
+worker nodes of 1 CPU each. Each run is `albert pretrain --config RECIPE --address CLUSTER` in a process of its own
+(the example trace installed, tests/worker_callbacks.py): 2 workers of 1 CPU with an input process each, the run's
+coordinator, evaluations every `--eval-every` steps. The faults (bench/soak_faults.py's table, every kind once per
+round of 11, in a random order, 2 to 5 steps after the previous fault's recovery):
 
-- worker_kill: SIGKILL of a training worker process (Ray Train restarts the group from the last checkpoint);
-- node_loss: a worker node hosting a training worker is removed, and a fresh node joins in its place;
-- coordinator_kill: SIGKILL of the coordinator actor (it restarts from ledger.json);
-- evaluator_kill: SIGKILL of a running evaluator (the coordinator relaunches it); a worker_kill when none runs.
+- worker_kill, node_loss (a fresh node joins), input_kill (a worker's input process): SIGKILL; Ray Train restarts
+  the worker group from the last checkpoint;
+- coordinator_kill (it restarts from ledger.json), evaluator_kill (the coordinator relaunches it; a worker_kill
+  when none runs);
+- driver_sigterm, worker_sigterm: a graceful stop (a checkpoint at the next step, exit 143), after which the soak
+  starts the same command again, which resumes;
+- stop_then_worker_kill, stop_then_coordinator_kill: SIGTERM to the driver, then within a step a SIGKILL;
+- drain_notice: `ray drain-node` with a preemption deadline, the node removed at it (train.preemption_check_every
+  = 1: a checkpoint at every step from the notice on);
+- checkpoint_stall: rank 0's process stopped for 4-12 s while it writes a checkpoint.
 
-The summary: faults injected and recovered, seconds from each fault to the next trained step (or to the actor
-answering again), work lost per fault (steps trained twice), examples lost (the example ids of each step's final
-attempt against the uninterrupted run: must be 0), and whether the final weights are bitwise those of the
-uninterrupted run. Exit status 1 when anything was lost or differs.
+The summary, per fault and per kind: recovered or not, seconds from the fault to the next trained step (to the
+actor answering again), steps rolled back against what its kind may lose (a stop: no completed step; a drained
+node: the step in flight; a kill, or a kill during a stop: back to the last checkpoint) and steps redone; examples
+lost (the example ids of each step's final attempt against the uninterrupted run: must be 0); whether the final
+weights are bitwise those of the uninterrupted run. Exit status 1 when anything was lost, not recovered or differs.
 
-    python bench/soak.py [--faults 8] [--seed N] [--eval-every 12] [--work DIR]
+    python bench/soak.py [--faults 8] [--seed N] [--eval-every 12] [--work DIR] [--summary FILE.json]
 """
 
 from __future__ import annotations
@@ -27,9 +36,9 @@ import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,19 +53,18 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA  # noqa: E402
+from bench import soak_faults  # noqa: E402
 from services.cluster import coordinator_name  # noqa: E402
+from services.rundir import evaluations  # noqa: E402
 from services.rundir.config import RunConfig  # noqa: E402
-from services.train.callbacks import installed  # noqa: E402
-from services.train.coordinator import get_or_create_coordinator  # noqa: E402
-from services.train.driver import launch, prepare_run  # noqa: E402
-from tests.ray_clusters import add_loopback_node, loopback_cluster  # noqa: E402
+from services.rundir.fields import to_toml  # noqa: E402
+from services.train.driver import result_of  # noqa: E402
+from tests.ray_clusters import loopback_cluster  # noqa: E402
 from tests.synthetic import write_random_shards  # noqa: E402
-from tests.worker_callbacks import TraceExamples, read_trace  # noqa: E402
+from tests.worker_callbacks import callbacks_command, read_trace  # noqa: E402
 
 VOCAB, SEQ = 96, 32
 ROWS_PER_FILE = (80, 80, 80, 84)  # 2 workers x 8 rows a step: 20 steps an epoch
-CHECKPOINT_EVERY = 4
-KINDS = ("worker_kill", "node_loss", "coordinator_kill", "evaluator_kill")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -79,6 +87,7 @@ def write_shards(root: Path, seed: int = 0) -> Path:
 
 
 def soak_config(work: Path, shards: Path, name: str, total_steps: int, eval_every: int) -> RunConfig:
+    """The run's recipe (the soak run and the uninterrupted one differ only in their names)."""
     model = dict(embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
     return RunConfig.from_dict(
         {
@@ -91,10 +100,12 @@ def soak_config(work: Path, shards: Path, name: str, total_steps: int, eval_ever
                 "micro_batch_size": 4,
                 "num_workers": 2,
                 "log_every": 1,
-                "checkpoint_every": CHECKPOINT_EVERY,
+                "checkpoint_every": soak_faults.CHECKPOINT_EVERY,
                 "keep_last": 3,
                 "dropout_removal_step": total_steps // 2,
                 "max_failures": 1000,
+                "input_workers": 1,  # an input process per worker, for input_kill
+                "preemption_check_every": 1,  # a drained node's notice is saved at the next step
             },
             "eval": {"every_steps": eval_every, "batch_size": 8, "heldout_batches": 2},
         }
@@ -102,151 +113,150 @@ def soak_config(work: Path, shards: Path, name: str, total_steps: int, eval_ever
 
 
 # --------------------------------------------------------------------------------------------------
-# the trace and the faults
+# the driver
 
 
-def live_actors(class_name: str, states: tuple[str, ...] = ("ALIVE",)) -> list[dict[str, Any]]:
-    import ray
+class Driver:
+    """`albert pretrain --config RECIPE --address CLUSTER` in a process of its own, as a user starts it, with the
+    example trace installed (tests/worker_callbacks.py); a fault that ends it is followed by `start()` again: the
+    same command, which resumes. Its console goes to `log`."""
 
-    return [
-        a
-        for a in ray._private.state.actors().values()  # the GCS actor table (no dashboard needed)
-        if a["ActorClassName"] == class_name and a["State"] in states and a["Pid"]
-    ]
+    def __init__(self, recipe: Path, trace: Path, address: str, log: Path):
+        args = ["pretrain", "--config", str(recipe), "--address", address, "--no-progress"]
+        self.command = callbacks_command(args, trace=trace)
+        self.log = log
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
 
+    def start(self) -> None:
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        env.pop("RAY_ADDRESS", None)
+        with self.log.open("a") as out:
+            out.write(f"\n--- start {self.starts + 1}: {' '.join(self.command)}\n")
+            out.flush()
+            self.process = subprocess.Popen(self.command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)  # fmt: skip
+        self.starts += 1
 
-EVALUATOR_STATES = ("ALIVE", "PENDING_CREATION")  # an evaluator of this tiny model is killed while it starts
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text()[-chars:]
 
-
-class FaultSchedule:
-    """Follows the trace; injects one fault at each scheduled step, then waits for the recovery it measures.
-
-    `run` goes in the main thread (Ray registers signal handlers when a node is added), training in another.
-    """
-
-    def __init__(self, cluster, trace_dir: Path, run_dir: Path, coordinator, schedule: list[tuple[int, str]], rng):
-        self.cluster, self.trace_dir, self.run_dir, self.coordinator = cluster, trace_dir, run_dir, coordinator
-        self.schedule, self.rng = schedule, rng
-        self.faults: list[dict[str, Any]] = []
-        self.error: BaseException | None = None
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        stale: set[int] = set()  # worker processes a fault already replaced
+    def finish(self, timeout: float) -> int:
+        """Its exit status once it ends on its own (killed after `timeout` seconds)."""
         try:
-            for at_step, kind in self.schedule:
-                while True:
-                    live = [r for r in read_trace(self.trace_dir) if r["pid"] not in stale]
-                    if live and max(r["step"] for r in live) >= at_step:
-                        break
-                    if self.stopped.wait(0.01):
-                        return
-                if kind == "evaluator_kill" and not live_actors("IntrinsicEvaluator", EVALUATOR_STATES):
-                    kind = "worker_kill"
-                fault = {"kind": kind, "at_step": at_step, "pids": sorted({r["pid"] for r in live})}
-                fault.update(getattr(self, kind)(live))
-                self.faults.append(fault)
-                if kind in ("worker_kill", "node_loss"):
-                    stale |= set(fault["pids"])
-                    self.wait_for_new_workers(fault, stale)
-        except BaseException as err:  # reported by main
-            self.error = err
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            raise RuntimeError(f"the driver did not finish within {timeout:g} s:\n{self.tail()}") from None
 
-    def wait_for_new_workers(self, fault: dict[str, Any], stale: set[int]) -> None:
-        while not self.stopped.wait(0.01):
-            new = [r for r in read_trace(self.trace_dir) if r["pid"] not in stale and r["time"] > fault["time"]]
-            if new:
-                fault["recovery_s"] = new[0]["time"] - fault["time"]
-                fault["resumed_from"] = new[0]["step"] - 1
-                return
 
-    def worker_kill(self, live) -> dict[str, Any]:
-        newest = {r["rank"]: r for r in live}
-        victim = newest[self.rng.choice(sorted(newest))]
-        started = time.time()
-        os.kill(victim["pid"], signal.SIGKILL)
-        return {"time": started, "detail": f"rank {victim['rank']} pid {victim['pid']}"}
+def write_recipe(config: RunConfig, path: Path) -> Path:
+    path.write_text(to_toml(config.to_dict()))
+    return path
 
-    def node_loss(self, live) -> dict[str, Any]:
-        on = {a["Address"]["NodeID"] for a in live_actors("RayTrainWorker")}
-        node = next(n for n in sorted(self.cluster.worker_nodes, key=lambda n: n.node_id) if n.node_id in on)
-        started = time.time()
-        self.cluster.remove_node(node)
-        add_loopback_node(self.cluster)  # the replacement an autoscaler would bring
-        return {"time": started, "detail": f"node {node.node_id[:8]}"}
 
-    def coordinator_kill(self, live) -> dict[str, Any]:
-        import ray
-
-        (actor,) = [a for a in live_actors("Coordinator") if a["Name"] == self.coordinator[1]]
-        started = time.time()
-        os.kill(actor["Pid"], signal.SIGKILL)
-        ray.get(self.coordinator[0].status.remote(), timeout=300)  # answered by the restarted actor
-        return {"time": started, "recovery_s": time.time() - started, "detail": f"pid {actor['Pid']}"}
-
-    def evaluator_kill(self, live) -> dict[str, Any]:
-        actor = live_actors("IntrinsicEvaluator", EVALUATOR_STATES)[0]
-        started = time.time()
-        os.kill(actor["Pid"], signal.SIGKILL)
-        step = int(actor["Name"].split(":")[2])
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:  # the coordinator notices on its next call and relaunches
-            lines = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
-            later = [r for r in lines if r["step"] == step and r["time"] > started]
-            if any(r.get("event") == "eval_retried" for r in later):
-                return {"time": started, "recovery_s": time.time() - started, "detail": actor["Name"]}
-            if any(r["kind"] == "eval" for r in later):  # its result was in before the kill landed
-                return {"time": started, "recovery_s": 0.0, "detail": actor["Name"] + " (had finished)"}
-            time.sleep(0.05)
-        return {"time": started, "detail": actor["Name"]}
+def uninterrupted(config: RunConfig, work: Path, address: str) -> float:
+    """The reference run: the same command, no fault; its seconds."""
+    started = time.monotonic()
+    driver = Driver(
+        write_recipe(config, work / "reference.toml"), work / "trace-reference", address, work / "reference.log"
+    )
+    driver.start()
+    status = driver.finish(timeout=1800)
+    if status != 0:
+        raise RuntimeError(f"the uninterrupted run exited {status}:\n{driver.tail()}")
+    return time.monotonic() - started
 
 
 # --------------------------------------------------------------------------------------------------
-# the soak
-
-
-def traced_run(config: RunConfig, trace_dir: Path, **kwargs):
-    with installed(TraceExamples(trace_dir)):
-        started = time.monotonic()
-        prepared = prepare_run(config, **kwargs)
-        result = prepared.finished if prepared.finished is not None else launch(prepared.plan)
-        return result, time.monotonic() - started
+# the summary
 
 
 def consumed(trace: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:
     return {(r["rank"], r["step"]): r["example_ids"] for r in trace}  # the last attempt of each step counts
 
 
-def draw_schedule(rng: random.Random, n_faults: int) -> tuple[list[tuple[int, str]], int]:
-    steps, at = [], 2
-    for _ in range(n_faults):
-        at += rng.randint(2, 5)
-        steps.append((at, rng.choice(KINDS)))
-    return steps, at + CHECKPOINT_EVERY + 2
+def by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per kind: count, recovered, seconds to recover (min, median, max), most steps rolled back against its bound,
+    steps redone."""
+    table = {}
+    for kind, spec in soak_faults.KINDS.items():
+        mine = [f for f in faults if f["kind"] == kind]
+        times = [f["recovery_s"] for f in mine if "recovery_s" in f]
+        if not mine:
+            continue
+        table[kind] = {
+            "n": len(mine),
+            "recovered": sum(f["recovered"] for f in mine),
+            "recovery_s": [round(min(times), 1), round(statistics.median(times), 1), round(max(times), 1)]
+            if times
+            else None,
+            "rolled_back_max": max(f["rolled_back"] for f in mine),
+            "may_roll_back": spec.may_roll_back,
+            "steps_redone": sum(f["steps_redone"] for f in mine),
+        }
+    return table
 
 
-def print_faults(faults: list[dict[str, Any]], per_step: int) -> None:
-    """A line per fault, the recoveries by kind and the work lost (`per_step`: examples a step trains)."""
-    recovered = [f for f in faults if "recovery_s" in f]
-    for f in faults:
-        seconds = f"{f['recovery_s']:.1f}s" if "recovery_s" in f else "not recovered"
-        print(
-            f"  step {f['at_step']:>3}  {f['kind']:<17} {f['detail']:<32} recovered in {seconds:<14}"
-            f"steps redone {f['steps_redone']}"
-        )
-    print(f"recoveries: {len(recovered)}/{len(faults)}")
-    for kind in KINDS:
-        times = [f["recovery_s"] for f in recovered if f["kind"] == kind]
-        if times:
-            print(
-                f"  {kind:<17} n={len(times)}  seconds to recover: min {min(times):.1f}  "
-                f"median {statistics.median(times):.1f}  max {max(times):.1f}"
-            )
-    redone = [f["steps_redone"] for f in faults]
-    print(
-        f"work lost per fault: max {max(redone, default=0)} steps = {max(redone, default=0) * per_step} examples "
-        f"(checkpoint every {CHECKPOINT_EVERY} steps); total {sum(redone) * per_step} examples trained twice"
+def print_summary(summary: dict[str, Any]) -> None:
+    injected = f"{len(summary['faults'])} of {summary['scheduled']} in {summary['soak_s']:.0f}s"
+    print(f"\nfaults injected: {injected} (uninterrupted: {summary['uninterrupted_s']:.0f}s); "
+          f"driver started {summary['driver_starts']} times")  # fmt: skip
+    for fault in summary["faults"]:
+        mark = "ok" if fault["recovered"] else "FAILED"
+        print(f"  {soak_faults.summary_line(fault)}  rolled back {fault['rolled_back']}/{fault['may_roll_back']}  "
+              f"redone {fault['steps_redone']}  {mark}")  # fmt: skip
+    print(f"recovered: {sum(f['recovered'] for f in summary['faults'])}/{len(summary['faults'])}")
+    print(f"  {'kind':<27}{'n':>3}{'ok':>4}  {'recovery s (min/med/max)':<26}{'rolled back (bound)':<21}redone")
+    for kind, row in summary["by_kind"].items():
+        seconds = "/".join(f"{t:g}" for t in row["recovery_s"]) if row["recovery_s"] else "-"
+        bound = f"{row['rolled_back_max']} ({row['may_roll_back']})"
+        print(f"  {kind:<27}{row['n']:>3}{row['recovered']:>4}  {seconds:<26}{bound:<21}{row['steps_redone']}")
+    print(f"examples lost: {summary['examples_lost']} of {summary['examples']}; "
+          f"steps not in the reference: {summary['extra_steps']}")  # fmt: skip
+    print(f"evaluations: {summary['evaluations']}")
+    print(f"final weights equal the uninterrupted run: {'yes' if summary['weights_equal'] else 'NO'}")
+
+
+def summarize(args, work: Path, configs: tuple[RunConfig, RunConfig], faults, seconds, driver) -> dict[str, Any]:
+    reference, soak = configs
+    trace = read_trace(work / "trace-soak")
+    soak_faults.rollbacks(trace, faults)
+    want, got = consumed(read_trace(work / "trace-reference")), consumed(trace)
+    a = load_file(result_of(reference).checkpoint / "model.safetensors")
+    b = load_file(result_of(soak).checkpoint / "model.safetensors")
+    return {
+        "seed": args.seed,
+        "command": " ".join(["python", "bench/soak.py", *sys.argv[1:]]),
+        "total_steps": soak.optim.total_steps,
+        "scheduled": args.faults,
+        "uninterrupted_s": round(seconds[0], 1),
+        "soak_s": round(seconds[1], 1),
+        "driver_starts": driver.starts,
+        "faults": [{k: v for k, v in f.items() if k not in ("time", "recovered_at")} for f in faults],
+        "by_kind": by_kind(faults),
+        "examples": sum(len(v) for v in want.values()),
+        "examples_lost": sum(len(set(ids) - set(got.get(key, []))) for key, ids in want.items()),
+        "extra_steps": sum(1 for key in got if key not in want),
+        "evaluations": evaluations.counts(evaluations.recipe_state(soak.run_dir)),
+        "weights_equal": a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a),
+    }
+
+
+def passed(summary: dict[str, Any]) -> bool:
+    faults = summary["faults"]
+    return (
+        len(faults) == summary["scheduled"]
+        and all(f["recovered"] for f in faults)
+        and summary["examples_lost"] == 0
+        and summary["extra_steps"] == 0
+        and summary["weights_equal"]
+        and summary["evaluations"]["failed"] == 0
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# the soak
 
 
 def main() -> int:
@@ -255,72 +265,51 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument("--eval-every", type=int, default=12)
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one)")
+    parser.add_argument("--kinds", type=lambda v: v.split(","), default=None, help="only these kinds (debugging)")
+    parser.add_argument("--summary", type=Path, default=None, help="write the summary here (JSON)")
     args = parser.parse_args()
 
-    import ray
-
     rng = random.Random(args.seed)
-    schedule, total_steps = draw_schedule(rng, args.faults)
+    schedule = soak_faults.draw_schedule(rng, args.faults, args.kinds)
+    total_steps = soak_faults.total_steps_for(schedule)
     work = args.work or Path(tempfile.mkdtemp(prefix="albert-soak-"))
     print(f"soak: seed {args.seed}, {total_steps} steps, {args.faults} faults, work dir {work}", flush=True)
+    print("schedule: " + ", ".join(f"+{gap} {kind}" for gap, kind in schedule), flush=True)
     shards = write_shards(work / "shards")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
     cluster = loopback_cluster(2)
     try:
-        reference_config = soak_config(work, shards, "reference", total_steps, args.eval_every)
-        reference, reference_s = traced_run(reference_config, work / "trace-reference", resume=False)
+        reference = soak_config(work, shards, "reference", total_steps, args.eval_every)
+        reference_s = uninterrupted(reference, work, cluster.address)
         print(f"uninterrupted run: {reference_s:.0f}s", flush=True)
 
         config = soak_config(work, shards, f"soak-{args.seed}", total_steps, args.eval_every)
+        recipe = write_recipe(config, work / "soak.toml")
+        driver = Driver(recipe, work / "trace-soak", cluster.address, work / "soak.log")
         name = coordinator_name(config.run.name)
-        actor = get_or_create_coordinator(config.run_dir, config.run.name, config.to_dict())
-        injector = FaultSchedule(cluster, work / "trace-soak", config.run_dir, (actor, name), schedule, rng)
-        outcome: dict[str, Any] = {}
-
-        def train() -> None:
-            try:
-                outcome["run"] = traced_run(config, work / "trace-soak", resume=False, coordinator=name)
-            except BaseException as err:  # raised below, in the main thread
-                outcome["error"] = err
-            finally:
-                injector.stopped.set()
-
-        trainer = threading.Thread(target=train, daemon=True)
-        trainer.start()
+        injector = soak_faults.Injector(cluster, driver, work / "trace-soak", config.run_dir, name, schedule, rng)
+        started = time.monotonic()
+        driver.start()
         injector.run()
-        trainer.join()
-        for error in (outcome.get("error"), injector.error):
-            if error is not None:
-                raise error
-        result, soak_s = outcome["run"]
-        counts = ray.get(actor.wait_for_evals.remote(timeout=600), timeout=660)
+        status = driver.finish(timeout=1800)
+        if status != 0:
+            raise RuntimeError(f"the soak run exited {status}:\n{driver.tail()}")
+        soak_s = time.monotonic() - started
     finally:
+        import ray
+
         ray.shutdown()
         cluster.shutdown()
 
-    faults = injector.faults
-    trace = read_trace(work / "trace-soak")
-    for fault in faults:
-        if fault["kind"] in ("worker_kill", "node_loss"):
-            reached = max(r["step"] for r in trace if r["pid"] in fault["pids"])
-            fault["steps_redone"] = reached - fault.get("resumed_from", reached)
-        else:
-            fault["steps_redone"] = 0
-    want, got = consumed(read_trace(work / "trace-reference")), consumed(trace)
-    lost = sum(len(set(ids) - set(got.get(key, []))) for key, ids in want.items())
-    extra = sum(len(ids) for key, ids in got.items() if key not in want)
-    a, b = load_file(reference.checkpoint / "model.safetensors"), load_file(result.checkpoint / "model.safetensors")
-    same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    recovered = [f for f in faults if "recovery_s" in f]
-    print(f"\nfaults injected: {len(faults)} in {soak_s:.0f}s (uninterrupted: {reference_s:.0f}s)")
-    print_faults(faults, config.train.global_batch_size)
-    print(f"examples lost: {lost} of {sum(len(v) for v in want.values())}; steps not in the reference: {extra}")
-    print(f"evaluations: {counts}")
-    print(f"final weights equal the uninterrupted run: {'yes' if same else 'NO'}")
+    summary = summarize(args, work, (reference, config), injector.faults, (reference_s, soak_s), driver)
+    print_summary(summary)
+    if args.summary:
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        args.summary.write_text(json.dumps(summary, indent=1) + "\n")
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
-    ok = same and lost == 0 and extra == 0 and len(recovered) == len(faults) and counts["failed"] == 0
-    return 0 if ok else 1
+    return 0 if passed(summary) else 1
 
 
 if __name__ == "__main__":

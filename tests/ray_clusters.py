@@ -3,7 +3,8 @@
 - `loopback_cluster`: a multi-node Ray on this machine (`ray.cluster_utils.Cluster`: a head node and worker nodes,
   each with its own raylet and object store), every node on 127.0.0.1, this process connected to it as a driver
   through services.cluster.connect (albert's one way to start Ray). tests/test_faults.py and bench/soak.py use it.
-- `loopback_env`: the environment for a Ray command-line tool (`ray drain-node`) run against such a cluster.
+- `loopback_env`: the environment for a Ray command-line tool (`ray drain-node`) run against such a cluster;
+  `drain`: that command, a preemption notice with a deadline for one of its nodes.
 - `listening_addresses`: the local addresses the given processes accept connections on, from /proc (Linux).
 
 The session's one-node Ray is tests/conftest.py's `ray_local` (services.cluster.connect's embedded Ray).
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,15 @@ def loopback_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     drain-node --address 127.0.0.1:PORT`): with Ray's one-machine setting, which keep_loopback makes in this process,
     so that the tool keeps 127.0.0.1 too instead of the routable address, where nothing listens."""
     return {**(os.environ if environ is None else environ), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def drain(address: str, node_id: str, deadline_s: int) -> None:
+    """`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`: what a preemption notice (a spot VM's, the KubeRay
+    autoscaler's) does to a Ray node. It kills nothing: whoever drains kills the node at the deadline."""
+    command = [str(Path(sys.executable).with_name("ray")), "drain-node", "--address", address, "--node-id", node_id,
+               "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "test: spot VM reclaimed",
+               "--deadline-remaining-seconds", str(deadline_s)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=60, env=loopback_env())
 
 
 def add_loopback_node(cluster: Any, *, cpus: int = 1) -> Any:

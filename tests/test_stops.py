@@ -21,7 +21,7 @@ from albert_core.text.tokenization import TokenizerTrainConfig, train_tokenizer
 from services.preprocess.layout import PROGRESS_DIR, Layout
 from services.rundir.log import read_metrics
 from services.train.callbacks import installed
-from tests.ray_clusters import add_loopback_node, loopback_env
+from tests.ray_clusters import add_loopback_node, drain
 from tests.runs import run_training
 from tests.test_faults import FIXTURE, cluster, shards, wait_for, write_corpus  # noqa: F401 (fixtures)
 from tests.test_resize import CLUSTER_SOAK_ENV
@@ -65,15 +65,6 @@ def test_sigterm_to_preprocess_keeps_its_finished_units_releases_its_lock_and_th
     timings = json.loads((out / "manifest.json").read_text())["timings"]
     print(f"\npreprocess SIGTERM: {markers} units kept, rerun {time.monotonic() - started:.1f}s, {timings}")
     assert timings["shards_resumed"] >= markers >= 1
-
-
-def drain(address: str, node_id: str, deadline_s: int) -> None:
-    """`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`: what a preemption notice (a spot VM's, the KubeRay
-    autoscaler's) does to a Ray node. It kills nothing: whoever drains kills the node at the deadline."""
-    command = [str(Path(sys.executable).with_name("ray")), "drain-node", "--address", address, "--node-id", node_id,
-               "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "test: spot VM reclaimed",
-               "--deadline-remaining-seconds", str(deadline_s)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, timeout=60, env=loopback_env())
 
 
 def events(run_dir: Path, name: str) -> list[dict]:

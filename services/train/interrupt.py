@@ -105,30 +105,46 @@ def run_interruptibly(
 
 
 _RAY_SIGTERM: list = []  # in a Ray Train worker process: Ray's own SIGTERM handler (it exits the process)
+_SIGTERM_SENDERS: list[threading.Event] = []  # the thread of the handler installed now waits on its event
 
 
 def ask_to_stop_on_sigterm(coordinator: str, rank: int) -> None:
     """In a Ray Train worker process: a SIGTERM (a node shutting down, Kubernetes deleting the pod, `kill PID`) asks
     the run, through its coordinator, for the same graceful stop as the driver's: every worker saves a checkpoint
-    at its next step and stops. Must run on the process's main thread (Ray's own handler there would exit it)."""
+    at its next step and stops. Must run on the process's main thread (Ray's own handler there would exit it).
+
+    The handler only sets an event: a thread of its own makes the Ray calls. A handler runs on the main thread
+    inside whatever actor task runs Python there, and Ray calls made from it crashed the worker (the soak's
+    worker_sigterm: `Check failed: task_index_ == 0` in Ray's SetCurrentTask), which then lost the steps since the
+    last checkpoint."""
     import ray
 
     from services import RAY_NAMESPACE
 
     where = f"worker rank {rank} (pid {os.getpid()}, node {ray.get_runtime_context().get_node_id()[:12]})"
+    asked = threading.Event()
+
+    def send() -> None:
+        asked.wait()
+        if asked in _SIGTERM_SENDERS:  # not uninstalled meanwhile
+            ray.get_actor(coordinator, namespace=RAY_NAMESPACE).request_stop.remote("SIGTERM", where)
 
     def on_sigterm(signum, frame) -> None:
-        ray.get_actor(coordinator, namespace=RAY_NAMESPACE).request_stop.remote("SIGTERM", where)
+        asked.set()
 
+    threading.Thread(target=send, name="albert-sigterm", daemon=True).start()
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    _SIGTERM_SENDERS.append(asked)
     if not _RAY_SIGTERM:
         _RAY_SIGTERM.append(previous)
 
 
 def leave_sigterm_to_ray() -> None:
-    """Undo `ask_to_stop_on_sigterm` (on the process's main thread): Ray's handler again."""
+    """Undo `ask_to_stop_on_sigterm` (on the process's main thread): Ray's handler again; its thread ends."""
     if _RAY_SIGTERM:
         signal.signal(signal.SIGTERM, _RAY_SIGTERM[0])
+    while _SIGTERM_SENDERS:
+        _SIGTERM_SENDERS.pop().set()
 
 
 @contextlib.contextmanager
