@@ -5,11 +5,13 @@ All of it reads the run's metrics log (services.rundir.log). Nothing here touche
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 from pathlib import Path
 from typing import Any
 
+from albert_core.files import atomic_write_bytes, atomic_write_text
 from services.rundir import schedules
 from services.rundir.evaluations import markdown_cell
 from services.rundir.log import METRICS_FILE, follow, last_per_step, read_metrics
@@ -148,7 +150,7 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
     if events:
         lines += ["## Events", ""] + [f"- step {e['step']}: {e.get('event')}" for e in events] + [""]
     path = run_dir / "report.md"
-    path.write_text("\n".join(lines))
+    atomic_write_text(path, "\n".join(lines))
     return path
 
 
@@ -167,8 +169,10 @@ def _save(plt, fig, ax, path: Path, ylabel: str) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    atomic_write_bytes(path, image.getvalue())
 
 
 def _plot_losses(path: Path, train: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
