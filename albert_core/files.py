@@ -308,13 +308,12 @@ def disk_full_line(path: str | Path, needed: int, kept: str) -> str:
 @contextlib.contextmanager
 def disk_full_as(path: str | Path, needed: int | Callable[[], int], kept: str | Callable[[], str]) -> Iterator[None]:
     """Turn a full disk met in the block into DiskFull naming `path`, `needed` bytes and what was `kept` (each may be
-    a function, called only then); other errors pass through. The block removes what it half wrote itself."""
+    a function, called only then); other errors pass through. The block removes what it half wrote itself. A
+    DiskFull of a writer inside (a checkpoint's model file) is said as this one, the owner of what was kept."""
     try:
         yield
-    except DiskFull:
-        raise
     except Exception as err:
-        if not is_disk_full(err):
+        if not (isinstance(err, DiskFull) or is_disk_full(err)):
             raise
         needed, kept = needed() if callable(needed) else needed, kept() if callable(kept) else kept
         raise DiskFull(disk_full_line(path, needed, kept), str(path)) from None
