@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from albert_core.files import DiskFull, append_line, atomic_write_bytes, free_bytes
 from albert_core.finetune.tasks.outputs import TaskOutputs
@@ -61,9 +60,10 @@ class SmallDisk:
         self.filler.unlink(missing_ok=True)
 
     def hidden(self) -> list[str]:
-        """Temporary and partial files anywhere on the disk but the filler (what a failed write must not leave)."""
-        found = [p for p in self.root.rglob(".*") if p != self.filler and not p.name.endswith(".lock")]
-        return sorted(str(p.relative_to(self.root)) for p in found + list(self.root.rglob("*.partial")))
+        """albert's temporary and partial files and directories anywhere on the disk (what a failed write must not
+        leave): `.NAME.XXXX.tmp`, `.step_XXXXXXXX.tmp-XXXX`, `NAME.partial`."""
+        found = [p for p in self.root.rglob("*") if p.name.endswith((".tmp", ".partial")) or ".tmp-" in p.name]
+        return sorted(str(p.relative_to(self.root)) for p in found)
 
 
 @pytest.fixture
@@ -213,7 +213,8 @@ def test_a_command_that_meets_a_full_disk_exits_74_with_its_line_and_runs_again_
     code = main(["convert", str(source), str(disk.root / "hf"), "--to", "hf"])
     err = capsys.readouterr().err
     assert code == EXIT_DISK_FULL == 74, err
-    assert err.startswith(f"albert: error: {disk.root / 'hf' / 'model.safetensors'}: disk full (") and err.count("\n") == 1
+    weights = disk.root / "hf" / "model.safetensors"
+    assert err.startswith(f"albert: error: {weights}: disk full (") and err.count("\n") == 1
     assert "kept no converted weights" in err and disk.hidden() == []
     disk.empty()
     assert main(["convert", str(source), str(disk.root / "hf"), "--to", "hf"]) == 0  # the same command
@@ -292,3 +293,43 @@ def test_a_full_disk_met_in_a_preprocess_task_comes_back_to_the_driver_as_its_li
     finally:
         job.release()
 
+
+def test_a_worker_group_restarted_on_a_disk_without_room_for_a_checkpoint_fails_at_once_with_the_line(disk, tmp_path):
+    from services.train.driver import prepare_run
+    from services.train.worker import check_room_for_a_checkpoint
+    from tests.test_train import run_config, write_shards
+
+    config = run_config(disk.root, write_shards(tmp_path / "shards"), "restarted", num_workers=1)
+    plan = prepare_run(config, resume=False).plan
+    check_room_for_a_checkpoint(plan)  # room: nothing
+    disk.fill(leave=plan.disk.least // 2)
+    with pytest.raises(DiskFull) as full:
+        check_room_for_a_checkpoint(plan)
+    one_line(full, plan.checkpoints, "no checkpoint yet")
+
+
+# --- a pretraining run, end to end ------------------------------------------------------------------------------
+
+
+@pytest.mark.ray
+def test_a_run_that_fills_its_disk_stops_in_one_line_and_resumes_from_its_last_checkpoint_once_space_is_freed(
+    ray_local, disk, tmp_path
+):
+    from services.train.space import checkpoint_bytes
+    from tests.runs import run_training
+    from tests.test_train import run_config, write_shards
+
+    shards = write_shards(tmp_path / "shards")
+    config = run_config(disk.root, shards, "full", num_workers=1)  # checkpoints at steps 3, 6 and 8
+    disk.fill(leave=int(1.5 * checkpoint_bytes(config.model_config(96), config.optim.name)))
+    with pytest.raises(DiskFull) as full:
+        run_training(config, resume=False)
+    checkpoints = config.run_dir / CHECKPOINTS_DIR
+    line = str(full.value)
+    assert "\n" not in line and line.startswith(f"{checkpoints / 'step_00000006'}: disk full (")
+    assert line.endswith(f"; the run stopped: a resume starts from {checkpoints / 'step_00000003'}")
+    assert [step for step, _ in list_checkpoints(checkpoints)] == [3] and disk.hidden() == []
+    assert json.loads((config.run_dir / LEDGER_FILE).read_text())["step"] >= 3
+    disk.empty()
+    result = run_training(config)  # the same run, resumed
+    assert result.step == 8 and latest_good(checkpoints) == checkpoints / "step_00000008"
