@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -333,3 +334,20 @@ def test_a_run_that_fills_its_disk_stops_in_one_line_and_resumes_from_its_last_c
     disk.empty()
     result = run_training(config)  # the same run, resumed
     assert result.step == 8 and latest_good(checkpoints) == checkpoints / "step_00000008"
+
+
+def test_the_live_view_stops_its_tensorboard_events_on_a_full_disk_in_one_line_without_a_traceback(
+    disk, caplog, capsys
+):
+    from services.rundir.report import LiveView
+
+    run_dir = disk.root / "r"
+    run_dir.mkdir()
+    for step in range(1, 3001):  # read by the view after the disk is full: more events than the disk holds
+        run_log.append(run_dir, {"step": step, "kind": "train", "loss": 1.0 / step, "lr": 0.1})
+    disk.fill(leave=3 * PAGE)  # room for the event file's start
+    with caplog.at_level("WARNING"), LiveView(run_dir, 3000, progress=False):
+        time.sleep(1.5)
+    warnings = [r.getMessage() for r in caplog.records if "TensorBoard events stopped" in r.getMessage()]
+    assert len(warnings) == 1 and " at step " in warnings[0] and "the disk is full" in warnings[0]
+    assert "Traceback" not in capsys.readouterr().err
