@@ -260,7 +260,8 @@ def write_unit(
     removes the partial files and raises DiskFull (the unit is not committed; the finished ones are kept)."""
     layout = layout or Layout(config.output)
     kept = functools.partial(kept_units, layout)
-    with disk_full_as(layout.shard(unit), functools.partial(unit_bytes, unit), kept):
+    needed = unit_bytes(unit) + 8 * tokenizer.vocab_size  # about: its shard and held-out part, its piece counts
+    with disk_full_as(layout.shard(unit), needed, kept):
         return _write_unit(unit, tokenizer, config, fingerprint, layout, stream)
 
 
