@@ -8,6 +8,14 @@ services/preprocess/space.py). Below the least it needs to keep any work (one ch
 below what it will write in all, warned in one line with the numbers, and it runs on (it keeps what it finished when
 the disk fills). `check_space` takes the free bytes as a number, so both outcomes can be tested on any disk.
 
+A full disk while writing (issue 39 item 1): every writer of a run and of preprocessing writes through
+`atomic_write_bytes` (a temporary file in the same directory, fsync, rename: readers see the old file or the new
+one), `append_line` (one whole line or none: a line the disk cannot take is cut back off) or `disk_full_as` (around a
+writer of its own that leaves only a temporary file behind, removed on error: a checkpoint directory, a Parquet
+shard). On ENOSPC or EDQUOT each raises DiskFull, one line: the path, the bytes it needed, the bytes free there and
+what was kept. The commands print it and exit EXIT_DISK_FULL (services.terminal); after space is freed the same
+command resumes from what was kept.
+
 Used by model checkpoints, training checkpoints and the coordinator (which runs without importing torch).
 """
 
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import fcntl
 import hashlib
 import io
@@ -22,7 +31,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,20 +141,56 @@ class HeldLock:
             self._handle.close()
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory, fsync, rename: readers see the old or the new file."""
+def atomic_write_bytes(path: str | Path, data: bytes, kept: str | None = None) -> None:
+    """Write via a temporary file in the same directory, fsync, rename: readers see the old or the new file. A full
+    disk removes the temporary file and raises DiskFull (`kept`: what stays, said in its line; by default the file
+    as it was, or none)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if kept is None:
+        kept = "the previous file, unchanged" if path.exists() else "nothing (the file was not created)"
+    with disk_full_as(path, len(data), kept):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def atomic_write_text(path: str | Path, text: str, kept: str | None = None) -> None:
+    """`atomic_write_bytes` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"), kept)
+
+
+def atomic_write_json(path: str | Path, data: Any, kept: str | None = None, **dumps: Any) -> None:
+    """A JSON document (indent 2 unless `dumps` says otherwise) with a final newline, written atomically."""
+    atomic_write_text(path, json.dumps(data, **{"indent": 2, **dumps}) + "\n", kept)
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line to `path` with a single write: the line is whole or absent. A full disk cuts back what part
+    of it was written and raises DiskFull, so that the file keeps only whole lines (the caller holds any lock that
+    other appenders take)."""
+    data = line.encode("utf-8") if line.endswith("\n") else (line + "\n").encode("utf-8")
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        start = os.fstat(fd).st_size
+        with disk_full_as(path, len(data), "its earlier lines, whole (this line was not written)"):
+            try:
+                written = os.write(fd, data)
+                if written != len(data):  # a short write: the disk took part of the line
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            except BaseException:
+                os.ftruncate(fd, start)
+                raise
+    finally:
+        os.close(fd)
 
 
 def atomic_write_csv(path: str | Path, rows: Iterable[dict[str, Any]], columns: list[str]) -> None:
@@ -217,3 +262,58 @@ def size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+# --- a full disk while writing -----------------------------------------------------------------------------
+
+
+class DiskFull(Exception):
+    """A write met a full disk (ENOSPC, EDQUOT): one line naming the path, the bytes it needed, the bytes free and
+    what was kept (exit status EXIT_DISK_FULL, services.terminal). Not an OSError, so that no `except OSError` of a
+    reader takes it for a missing file."""
+
+    def __init__(self, line: str, path: str = ""):
+        super().__init__(line)
+        self.path = path
+
+    def __reduce__(self):  # whole across Ray (a worker's or a task's error reaches the driver as this line)
+        return (DiskFull, (str(self), self.path))
+
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# How libraries that do not set errno say it: pyarrow ("[errno 28] No space left on device"), safetensors (Rust's
+# "Os { code: 28, kind: StorageFull, ... }"), numpy and the standard library (strerror).
+_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "StorageFull", "QuotaExceeded")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether `err` (or what it was raised from) says the disk or the user's quota is full."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _FULL_ERRNOS:
+            return True
+        if any(word in str(seen) for word in _FULL_WORDS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def disk_full_line(path: str | Path, needed: int, kept: str) -> str:
+    """The one line of a DiskFull: the path, the bytes it needed and the bytes free there, what was kept."""
+    free = free_bytes(path)
+    there = "" if free is None else f", {size(free)} free"
+    return f"{path}: disk full ({size(needed)} to write{there}); kept {kept}; free space and run the same command again"
+
+
+@contextlib.contextmanager
+def disk_full_as(path: str | Path, needed: int | Callable[[], int], kept: str | Callable[[], str]) -> Iterator[None]:
+    """Turn a full disk met in the block into DiskFull naming `path`, `needed` bytes and what was `kept` (each may be
+    a function, called only then); other errors pass through. The block removes what it half wrote itself. A
+    DiskFull of a writer inside (a checkpoint's model file) is said as this one, the owner of what was kept."""
+    try:
+        yield
+    except Exception as err:
+        if not (isinstance(err, DiskFull) or is_disk_full(err)):
+            raise
+        needed, kept = needed() if callable(needed) else needed, kept() if callable(kept) else kept
+        raise DiskFull(disk_full_line(path, needed, kept), str(path)) from None

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from albert_core.files import DiskFull
 from services import __version__, demo
 from services.cluster import JobFailedError
 from services.data import cli as data_cli
@@ -23,6 +24,7 @@ from services.rundir import cli as run_cli
 from services.terminal import (
     EXIT_CODES,
     EXIT_DATA,
+    EXIT_DISK_FULL,
     EXIT_FAILED,
     EXIT_PIPE,
     EXIT_USAGE,
@@ -137,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     except JobFailedError as err:
         print(f"albert: error: {printable(err)}", file=sys.stderr)
         return EXIT_FAILED
+    except DiskFull as err:  # one line: the path, the bytes needed and free, what was kept
+        print(f"albert: error: {printable(err)}", file=sys.stderr)
+        return EXIT_DISK_FULL
     except (ValueError, FileNotFoundError) as err:  # ConfigError, CorpusError, CheckpointError... are ValueErrors
         print(f"albert: error: {printable(err)}", file=sys.stderr)
         return EXIT_DATA

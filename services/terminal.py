@@ -22,6 +22,7 @@ EXIT_FAILED = 1  # it ran and failed: a cluster job or an evaluation scheduler t
 EXIT_USAGE = 2  # the command line is wrong: an unknown option, a missing argument, options that conflict (argparse's)
 EXIT_STOPPED = 3  # a pretraining run stopped early on its own (divergence with train.on_divergence = "stop")
 EXIT_DATA = 65  # bad data or config: a recipe field, a --set value, a file's contents, a path that is not there
+EXIT_DISK_FULL = 74  # a write met a full disk (albert_core.files.DiskFull; sysexits' EX_IOERR); the command resumes
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); a pretraining run saved a checkpoint first
 EXIT_PIPE = 141  # the output was closed (`albert ... | head`; 128 + SIGPIPE)
 EXIT_TERMINATED = 143  # SIGTERM (`albert jobs stop`, Kubernetes); a pretraining run saved a checkpoint first
@@ -31,6 +32,7 @@ EXIT_CODES = {  # each meaning fits a line of `albert --help` on 80 columns
     EXIT_USAGE: "usage: an unknown option, a missing argument, options that conflict",
     EXIT_STOPPED: "a pretraining run stopped early on a divergence (remedy printed)",
     EXIT_DATA: "bad data or config: a recipe field, a --set value, a file, a path",
+    EXIT_DISK_FULL: "the disk filled up; what was kept is named, the same command resumes",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C); pretraining saves a checkpoint first",
     EXIT_PIPE: "the output was closed (albert ... | head)",
     EXIT_TERMINATED: "terminated (SIGTERM); pretraining saves a checkpoint first",

@@ -10,6 +10,7 @@ beside its manifest as `unigram.npy` (plain int64 counts; numpy format, loaded w
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,9 +66,12 @@ class UnigramBaseline:
         return path
 
     def save_as(self, path: str | Path) -> Path:
-        """The counts written to exactly this file (no suffix added, not atomic: the caller renames it)."""
+        """The counts written to exactly this file (no suffix added, not atomic: the caller renames it). Made in memory
+        first: numpy's own write to a file says a full disk only as "N requested and M written", without its errno."""
+        data = io.BytesIO()
+        np.save(data, self.counts.astype(np.int64), allow_pickle=False)
         with open(path, "wb") as f:
-            np.save(f, self.counts.astype(np.int64), allow_pickle=False)
+            f.write(data.getvalue())
         return Path(path)
 
     @classmethod

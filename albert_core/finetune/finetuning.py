@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from albert_core.files import METRICS_FILE
+from albert_core.files import METRICS_FILE, append_line, atomic_write_bytes, atomic_write_json
 from albert_core.finetune.config import SQUAD_TASKS, FinetuneConfig, TaskHyperparams
 from albert_core.finetune.tasks.batching import to_device
 from albert_core.finetune.tasks.custom import CustomData
@@ -188,8 +188,7 @@ class _Run:
 
     def log(self, record: dict[str, Any]) -> None:
         if self.out_dir is not None:
-            with open(self.out_dir / METRICS_FILE, "a") as f:
-                f.write(json.dumps(json_safe(record)) + "\n")
+            append_line(self.out_dir / METRICS_FILE, json.dumps(json_safe(record)))
 
 
 def _start(config: FinetuneConfig) -> _Run:
@@ -208,7 +207,7 @@ def _start(config: FinetuneConfig) -> _Run:
     out_dir = Path(config.output_dir) if config.output_dir is not None else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / METRICS_FILE).write_text("")
+        atomic_write_bytes(out_dir / METRICS_FILE, b"")
     return _Run(config, h, tokenizer, data, model, device, optimizer, scheduler, batches, autocast, out_dir)
 
 
@@ -332,7 +331,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
 
 def _write_result(run: _Run, result: dict[str, Any]) -> None:
     if run.out_dir is not None:
-        (run.out_dir / "result.json").write_text(json.dumps(json_safe(result), indent=2) + "\n")
+        atomic_write_json(run.out_dir / "result.json", json_safe(result))
 
 
 def _write_outputs(run: _Run, outputs: dict[str, TaskOutputs]) -> dict[str, str]:

@@ -22,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from albert_core.files import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, atomic_write_bytes
+from albert_core.files import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, atomic_write_bytes, disk_full_as
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.interop import from_hf
 from albert_core.model.modeling import AlbertForPreTraining, AlbertModel
@@ -64,9 +64,12 @@ def save_model(directory: str | Path, model: nn.Module) -> Path:
     state = {k: v.detach().cpu().contiguous() for k, v in state_dict_of(model).items()}
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".model.", suffix=".tmp")
     os.close(fd)
+    weights = directory / WEIGHTS_FILE
+    kept = "the previous weights, unchanged" if weights.exists() else "no weights (the file was not created)"
     try:
-        save_file(state, tmp, metadata={"format": "albert"})
-        os.replace(tmp, directory / WEIGHTS_FILE)
+        with disk_full_as(weights, sum(t.numel() * t.element_size() for t in state.values()), kept):
+            save_file(state, tmp, metadata={"format": "albert"})
+            os.replace(tmp, weights)
     finally:
         Path(tmp).unlink(missing_ok=True)
     atomic_write_bytes(directory / CONFIG_FILE, (config.to_json() + "\n").encode())

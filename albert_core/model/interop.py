@@ -12,13 +12,14 @@ Neither imports transformers: configs are plain dicts (the contents of config.js
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from albert_core.files import atomic_write_json, disk_full_as
 from albert_core.model.config import AlbertConfig
 
 _CONFIG_FIELDS = (
@@ -267,6 +268,13 @@ def save_hf_checkpoint(directory: str | Path, state: dict[str, Tensor], config: 
     hf_state, hf_config = to_hf(state, config)
     # safetensors refuses aliased tensors; transformers re-ties the decoder on load.
     unique = {k: v.detach().contiguous().clone() for k, v in hf_state.items()}
-    save_file(unique, directory / "model.safetensors", metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    weights, partial = directory / "model.safetensors", directory / ".model.safetensors.partial"
+    with disk_full_as(weights, sum(t.numel() * t.element_size() for t in unique.values()), "no converted weights"):
+        try:
+            save_file(unique, partial, metadata={"format": "pt"})
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, weights)
+    atomic_write_json(directory / "config.json", hf_config, sort_keys=True)
     return directory

@@ -25,6 +25,7 @@ from typing import Any
 
 from albert_core.examples.shape import ExampleShape
 from albert_core.examples.shards import HELDOUT_FILE
+from albert_core.files import DiskFull
 from services.rundir import schedules
 from services.rundir.schedules import RESULT_KIND, ScheduleSpec
 from services.terminal import EXIT_FAILED, UsageError
@@ -122,7 +123,7 @@ def follow(run_dir: Path, name: str, runner: Any, *, poll_s: float) -> int:
     """Print the schedule's results as they are appended, until it is complete or cancelled or its runner fails."""
     from services.rundir import log as run_log
 
-    stop, error = threading.Event(), []
+    stop, error = threading.Event(), []  # error: [the runner's error, whether it is a full disk's line]
     threading.Thread(target=_watch, args=(run_dir, name, runner, stop, error, poll_s), daemon=True).start()
     for record in run_log.follow(run_dir, stop, poll_s=poll_s):
         if record.get("kind") == RESULT_KIND and record.get("schedule") == name:
@@ -130,6 +131,8 @@ def follow(run_dir: Path, name: str, runner: Any, *, poll_s: float) -> int:
             print(f"{name} @ step {record['step']}: {accuracies}", flush=True)
     summary = schedules.load(run_dir, name).summary()
     print(progress_line(summary))
+    if error and error[1]:
+        raise DiskFull(error[0])  # its one line, exit status EXIT_DISK_FULL
     if error:
         print(f"albert: error: the scheduler of {name} failed: {error[0]}")
         return EXIT_FAILED
@@ -147,7 +150,7 @@ def _watch(run_dir: Path, name: str, runner: Any, stop: threading.Event, error: 
         except RayError:  # the runner ended itself: the schedule is complete or cancelled
             progress = {"error": None, "complete": True}
         if progress["error"]:
-            error.append(progress["error"])
+            error += [progress["error"], progress.get("disk_full", False)]
         if progress["error"] or not schedules.load(run_dir, name).active():
             stop.set()
 

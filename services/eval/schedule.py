@@ -47,7 +47,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayError, RayTaskError
 
-from albert_core.files import CorruptCheckpoint
+from albert_core.files import CorruptCheckpoint, DiskFull
 from services import RAY_NAMESPACE
 from services.eval.evaluate import IntrinsicEvaluator, IntrinsicOptions, options_dict
 from services.rundir import evaluations, schedules
@@ -431,6 +431,7 @@ class ScheduleRunner:
         self.scheduler = Scheduler(run_dir, name, poll_s=poll_s)
         self.stop_event = threading.Event()
         self.error: str | None = None
+        self.disk_full = False  # the error is a full disk's line (albert_core.files.DiskFull)
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
@@ -440,6 +441,10 @@ class ScheduleRunner:
                 break
             except ScheduleBusy:
                 self.stop_event.wait(self.scheduler.poll_s)
+            except DiskFull as err:  # its one line, reported by progress(); the actor ends
+                log.error("schedule %s stopped: %s", self.scheduler.name, err)
+                self.error, self.disk_full = str(err), True
+                break
             except Exception as err:  # reported by progress(); the actor ends
                 log.exception("schedule %s failed", self.scheduler.name)
                 self.error = f"{type(err).__name__}: {err}"
@@ -449,7 +454,7 @@ class ScheduleRunner:
 
     def progress(self) -> dict[str, Any]:
         state = schedules.load(self.scheduler.run_dir, self.scheduler.name)
-        return {**state.summary(), "error": self.error}
+        return {**state.summary(), "error": self.error, "disk_full": self.disk_full}
 
     def pid(self) -> int:
         import os

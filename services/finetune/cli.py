@@ -6,11 +6,11 @@ partial summary and exit status 130. For `--task custom` the user's tables are r
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from albert_core.files import atomic_write_json, atomic_write_text
 from services.cluster import connect
 from services.finetune.seeds import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
 from services.terminal import EXIT_INTERRUPTED, UsageError, interrupted_line, interrupted_status, printable
@@ -80,7 +80,7 @@ def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Pa
     splits = load_custom_splits(custom)
     print(printable(splits.describe()))
     output.mkdir(parents=True, exist_ok=True)
-    (output / "split.json").write_text(json.dumps(splits.record(), indent=2) + "\n")
+    atomic_write_json(output / "split.json", splits.record())
     overrides["custom"] = custom
     return custom.train
 
@@ -193,9 +193,9 @@ def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequenc
     record.update(interrupted=True, planned_seeds=list(seeds), unfinished=unfinished)
     wrote = output.is_dir()
     if wrote:
-        (output / "summary.json").write_text(json.dumps(json_safe(record), indent=2) + "\n")
+        atomic_write_json(output / "summary.json", json_safe(record))
         if summary is None:
-            (output / "summary.md").write_text(f"# {task}: interrupted before any run finished\n")
+            atomic_write_text(output / "summary.md", f"# {task}: interrupted before any run finished\n")
     status = interrupted_status(interrupted)
     print_interrupted(summary, unfinished, len(seeds), output, wrote, interrupted_line(status))
     return status

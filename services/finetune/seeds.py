@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from albert_core.files import atomic_write_json, atomic_write_text
 from services.cluster import connect
 
 if TYPE_CHECKING:
@@ -247,8 +248,8 @@ def summarize(
         text = f"# {summary['task']}: dev, {summary['runs']} runs\n\n{summary['table']}\n"
         if ensemble is not None:
             text += f"\nensemble of {ensemble['runs']}: {json.dumps(json_safe(ensemble['dev']))}\n"
-        (out / "summary.md").write_text(text)
-        (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+        atomic_write_text(out / "summary.md", text)
+        atomic_write_json(out / "summary.json", json_safe(summary))
     return summary
 
 

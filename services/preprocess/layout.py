@@ -11,12 +11,11 @@ held-out part and the plan; and the atomic JSON write every marker uses.
 
 from __future__ import annotations
 
-import json
-import os
 import posixpath
 from pathlib import Path
 
 from albert_core.examples.shards import HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR
+from albert_core.files import atomic_write_json
 from services.preprocess.config import Unit
 
 PROGRESS_DIR = ".progress"  # plan.json, done markers, partial files
@@ -71,7 +70,13 @@ class Layout:
         return self.progress / f"{path.name}.partial"
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+def write_json_atomic(path: Path, data: dict, kept: str | None = None) -> None:
+    """albert_core.files.atomic_write_json: the old file or the new one, never half of one (DiskFull on a full
+    disk, its line saying `kept`)."""
+    atomic_write_json(path, data, kept)
+
+
+def kept_units(layout: Layout) -> str:
+    """What a preprocess run that met a full disk keeps: its finished units (a rerun resumes them)."""
+    done = len(list(layout.progress.glob("shard-*.json"))) if layout.progress.is_dir() else 0
+    return f"the {done} finished unit(s) of {layout.progress} (the same command resumes them); manifest.json as it was"

@@ -36,7 +36,7 @@ import numpy as np
 
 from albert_core.evaluation.unigram import UnigramBaseline, count_pieces, part_unigram_file, version_unigram_file
 from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
-from albert_core.files import file_lock, file_sha256
+from albert_core.files import disk_full_as, file_lock, file_sha256
 from services.preprocess.config import Unit
 from services.preprocess.layout import write_json_atomic
 from services.preprocess.unit import MAX_SKIP_EXAMPLES
@@ -232,7 +232,7 @@ def commit_part(
         version = sum_counts([_part_counts(root, k, part, tokenizer) for k, part in enumerate(parts)], tokenizer)
         manifest["unigram"] = _save_counts(root, version_unigram_file(len(parts)), version)
         manifest["timings"] = timings
-        write_json_atomic(root / MANIFEST_FILE, manifest)
+        write_json_atomic(root / MANIFEST_FILE, manifest, "manifest.json as it was, and the finished units")
     return manifest
 
 
@@ -259,6 +259,11 @@ def _save_counts(root: Path, name: str, counts: UnigramBaseline) -> dict[str, st
     path = root / name
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
-    counts.save_as(partial)
-    os.replace(partial, path)
+    with disk_full_as(path, counts.counts.size * 8, "manifest.json as it was, and the finished units"):
+        try:
+            counts.save_as(partial)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, path)
     return {"file": name, "sha256": file_sha256(path)}

@@ -34,6 +34,7 @@ examples), held out, or skipped (a reader Skip by its reason, or a pair skip: `n
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -46,14 +47,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from albert_core.examples.shards import HELDOUT_SCHEMA, PARQUET_WRITE_OPTIONS
-from albert_core.files import file_sha256
+from albert_core.files import DiskFull, disk_full_as, file_sha256
 from albert_core.text.records import CorpusError, Skip
 from albert_core.text.regions import STREAM_EXPANSION, stream_chunks
 from albert_core.text.tokenization import AnyTokenizer
 from services.cluster import connect
 from services.preprocess.checks import check_examples
 from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig, StreamInput, Unit
-from services.preprocess.layout import Layout
+from services.preprocess.layout import Layout, kept_units
 from services.preprocess.manifest import commit_part, manifest_head, part_entry
 from services.preprocess.plan import Plan, PreprocessJob, plan_preprocess
 from services.preprocess.unit import StreamData, completed_summary, write_unit
@@ -85,8 +86,8 @@ def _rows(batch: dict[str, np.ndarray]) -> Iterator[tuple[Unit, StreamData | Non
 def _write_shards(
     batch: dict[str, np.ndarray], tokenizer: AnyTokenizer, config: PreprocessConfig, fingerprint: str, layout: Layout
 ):
-    """map_batches task: commit each unit of the batch; a CorpusError comes back as data, so the driver can raise
-    it naming the file and line/record (not wrapped in Ray's task error)."""
+    """map_batches task: commit each unit of the batch; a CorpusError or a full disk (DiskFull) comes back as data, so
+    the driver can raise it as its one line (not wrapped in Ray's task error)."""
     tokenizer = _worker_tokenizer(tokenizer)
     out = []
     for unit, data in _rows(batch):
@@ -94,6 +95,8 @@ def _write_shards(
             summary = write_unit(unit, tokenizer, config, fingerprint, layout, data)
         except CorpusError as err:
             summary = {"unit": unit.index, "error": asdict(err.skip)}
+        except DiskFull as err:
+            summary = {"unit": unit.index, "disk_full": str(err), "path": err.path}
         out.append(json.dumps(summary))
     return {"summary": np.array(out, dtype=object)}
 
@@ -226,6 +229,8 @@ def _run_units(config: PreprocessConfig, job: PreprocessJob, layout: Layout) -> 
                 summary = json.loads(row["summary"])
                 if "error" in summary:
                     raise CorpusError(Skip(**summary["error"]))
+                if "disk_full" in summary:
+                    raise DiskFull(summary["disk_full"], summary["path"])
                 summaries[summary["unit"]] = summary
                 bar.update(summary["input_bytes"])
     pipeline_seconds = time.perf_counter() - pipeline_started
@@ -247,9 +252,16 @@ def _run_units(config: PreprocessConfig, job: PreprocessJob, layout: Layout) -> 
 def _merge_heldout(layout: Layout, units: list[int]) -> str:
     """The units' held-out parts, in unit order, copied batch by batch into the part's held-out file."""
     partial = layout.partial(layout.heldout)
-    with pq.ParquetWriter(partial, HELDOUT_SCHEMA, **PARQUET_WRITE_OPTIONS) as writer:
-        for index in units:
-            for batch in pq.ParquetFile(layout.heldout_part(Unit(index, ()))).iter_batches(batch_size=1024):
-                writer.write_table(pa.Table.from_batches([batch], schema=HELDOUT_SCHEMA))
-    os.replace(partial, layout.heldout)
+    parts = [layout.heldout_part(Unit(index, ())) for index in units]
+    needed = sum(p.stat().st_size for p in parts)  # about: the parts are merged as they are
+    with disk_full_as(layout.heldout, needed, functools.partial(kept_units, layout)):
+        try:
+            with pq.ParquetWriter(partial, HELDOUT_SCHEMA, **PARQUET_WRITE_OPTIONS) as writer:
+                for part in parts:
+                    for batch in pq.ParquetFile(part).iter_batches(batch_size=1024):
+                        writer.write_table(pa.Table.from_batches([batch], schema=HELDOUT_SCHEMA))
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, layout.heldout)
     return file_sha256(layout.heldout)

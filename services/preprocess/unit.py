@@ -16,6 +16,7 @@ document of the same group.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -33,13 +34,14 @@ import pyarrow.parquet as pq
 from albert_core.evaluation.unigram import UnigramBaseline
 from albert_core.examples.pairs import create_pairs
 from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, PARQUET_WRITE_OPTIONS, document_hash, example_id
-from albert_core.files import file_sha256
+from albert_core.files import DiskFull, disk_full_as, file_sha256
 from albert_core.text.corpus import read_documents, read_region
 from albert_core.text.records import CorpusError, Document, Skip
 from albert_core.text.sentences import split_sentences
 from albert_core.text.tokenization import AnyTokenizer
 from services.preprocess.config import PreprocessConfig, Unit
-from services.preprocess.layout import Layout, write_json_atomic
+from services.preprocess.layout import Layout, kept_units, write_json_atomic
+from services.preprocess.space import unit_bytes
 
 MAX_SKIP_EXAMPLES = 10  # skip details kept per file in the manifest
 GROUP_CHARS = 8_000_000  # a document group also closes at this many characters (bounds worker memory)
@@ -254,9 +256,19 @@ def write_unit(
     stream: StreamData | None = None,
 ) -> dict[str, Any]:
     """Transform one unit and commit it: its shard, held-out part and piece counts renamed into place, then the
-    done marker (the commit point). Each is written as it is made (a partial file), never held whole."""
-    started, cpu_started = time.perf_counter(), time.process_time()
+    done marker (the commit point). Each is written as it is made (a partial file), never held whole. A full disk
+    removes the partial files and raises DiskFull (the unit is not committed; the finished ones are kept)."""
     layout = layout or Layout(config.output)
+    kept = functools.partial(kept_units, layout)
+    needed = unit_bytes(unit) + 8 * tokenizer.vocab_size  # about: its shard and held-out part, its piece counts
+    with disk_full_as(layout.shard(unit), needed, kept):
+        return _write_unit(unit, tokenizer, config, fingerprint, layout, stream)
+
+
+def _write_unit(
+    unit: Unit, tokenizer: AnyTokenizer, config: PreprocessConfig, fingerprint: str, layout: Layout, stream
+) -> dict[str, Any]:
+    started, cpu_started = time.perf_counter(), time.process_time()
     outputs = layout.unit_files(unit)  # shard, held-out part, piece counts
     partials = [layout.partial(path) for path in outputs]
     layout.marker(unit).unlink(missing_ok=True)
@@ -287,7 +299,12 @@ def write_unit(
         worker=f"{socket.gethostname()}:{os.getpid()}",
         worker_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
     )
-    write_json_atomic(layout.marker(unit), summary)
+    try:
+        write_json_atomic(layout.marker(unit), summary, kept_units(layout))
+    except DiskFull:  # the unit is not committed: its files go, so that the space they took is free again
+        for path in outputs:
+            path.unlink(missing_ok=True)
+        raise
     return summary
 
 

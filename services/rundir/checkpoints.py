@@ -22,6 +22,7 @@ trainer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ from albert_core.files import (
     WEIGHTS_FILE,
     CorruptCheckpoint,
     atomic_write_bytes,
+    disk_full_as,
     file_sha256,
     fsync_dir,
     fsync_file,
@@ -68,22 +70,33 @@ def checkpoint_dir(root: str | Path, step: int) -> Path:
 
 
 @contextlib.contextmanager
-def writing(final: str | Path, extra: Iterable[str] = (), **fields: Any) -> Iterator[Path]:
+def writing(
+    final: str | Path, extra: Iterable[str] = (), needed: Callable[[], int] = lambda: 0, **fields: Any
+) -> Iterator[Path]:
     """Write a training checkpoint at `final` whole or not at all: the caller writes TRAINING_FILES (and the `extra`
     files it names: the run's tokenizer) into the temporary directory yielded (beside `final`, hidden); then their
     checksums (with `fields`) are recorded and it is renamed to `final`, replacing one there. On any error the
-    temporary directory is removed and `final`, as the other checkpoints, stays as it was."""
+    temporary directory is removed and `final`, as the other checkpoints, stays as it was; a full disk is DiskFull
+    (`needed`: counts the checkpoint's bytes for its line), and nothing of the checkpoint is left to index."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        write_checksums(tmp, (*TRAINING_FILES, *extra), format=FORMAT, version=VERSION, **fields)
-        _replace_dir(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with disk_full_as(final, needed, functools.partial(kept_checkpoints, final.parent, final)):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            yield tmp
+            write_checksums(tmp, (*TRAINING_FILES, *extra), format=FORMAT, version=VERSION, **fields)
+            _replace_dir(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def kept_checkpoints(root: Path, but: Path | None = None) -> str:
+    """What a run that met a full disk keeps: the checkpoints under `root` (but `but`, the one not written), named."""
+    others = [path.name for _, path in list_checkpoints(root) if path != but]
+    kept = f"the run's {len(others)} checkpoint(s), the newest {others[0]}" if others else "no checkpoint yet"
+    return kept if but is None else f"{kept} (nothing of {but.name} was written)"
 
 
 def write_checksums(directory: str | Path, names: Iterable[str], **fields: Any) -> dict[str, Any]:

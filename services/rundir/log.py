@@ -3,8 +3,10 @@
 One JSON object per line with "step", "time" and "kind": "train" (what the train loop reported), "eval"
 (held-out and downstream metrics of a checkpoint, the run's own evaluations), "schedule_eval" (those of another
 evaluation schedule, with its name) or "event" (run events: resumes, dropout changes, checkpoints saved / refused /
-deleted, training health, evaluation failures). Lines are appended whole with one write; a line torn by a crash is
-cut off when the log is next opened for writing (`repair`) and skipped by readers. Writers in other processes and
+deleted, training health, evaluation failures). Lines are appended whole with one write (albert_core.files.append_line:
+a line a full disk cannot take is cut back off and DiskFull raised, so the log holds whole lines only); a line torn
+by a crash is cut off when the log is next opened for writing (`repair`) and skipped by readers; a rewrite
+(`drop_train_lines_from`) replaces the file atomically. Writers in other processes and
 threads (the evaluation schedulers, services.eval.schedule, beside the run's ledger) take the log's advisory lock
 (`.metrics.jsonl.lock`) for every append and rewrite, so an append never lands in a copy that a rewrite is about to
 replace.
@@ -20,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from albert_core.files import METRICS_FILE, atomic_write_bytes, file_lock
+from albert_core.files import METRICS_FILE, append_line, atomic_write_bytes, file_lock
 
 __all__ = [
     "METRICS_FILE",
@@ -64,11 +66,10 @@ def last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def append(run_dir: str | Path, record: dict[str, Any]) -> None:
-    """Append one line (a single write, so a line is whole or absent)."""
+    """Append one line (a single write, so a line is whole or absent; DiskFull on a full disk)."""
     line = json.dumps(record, allow_nan=True) + "\n"
-    with file_lock(Path(run_dir) / LOCK_FILE), open(Path(run_dir) / METRICS_FILE, "a") as f:
-        f.write(line)
-        f.flush()
+    with file_lock(Path(run_dir) / LOCK_FILE):
+        append_line(Path(run_dir) / METRICS_FILE, line)
 
 
 def append_event(run_dir: str | Path, step: int, event: str, **fields: Any) -> None:

@@ -5,11 +5,14 @@ All of it reads the run's metrics log (services.rundir.log). Nothing here touche
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import threading
 from pathlib import Path
 from typing import Any
 
+from albert_core.files import atomic_write_bytes, atomic_write_text, is_disk_full
 from services.rundir import schedules
 from services.rundir.evaluations import markdown_cell
 from services.rundir.log import METRICS_FILE, follow, last_per_step, read_metrics
@@ -32,21 +35,28 @@ class LiveView:
         self._thread = threading.Thread(target=self._run, name="albert-live-view", daemon=True)
 
     def __enter__(self) -> LiveView:
+        self._excepthook = threading.excepthook
+        threading.excepthook = self._full_disk_in_a_thread
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        threading.excepthook = self._excepthook
+
+    def _full_disk_in_a_thread(self, args) -> None:
+        """TensorBoard's writer thread meets a full disk: no traceback (its next write fails too, and `_add_scalars`
+        says so in one line). Anything else as before."""
+        if args.exc_value is not None and is_disk_full(args.exc_value):
+            log.debug("thread %s: %s", getattr(args.thread, "name", "?"), args.exc_value)
+            return
+        self._excepthook(args)
 
     def _run(self) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        writer = None
-        if self.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        writer = _tensorboard(self.run_dir / "tensorboard") if self.tensorboard else None
         columns = [
             TextColumn("[bold]pretrain"),
             BarColumn(),
@@ -60,9 +70,7 @@ class LiveView:
             for record in follow(self.run_dir, self._stop, poll_s=0.5):
                 step = int(record.get("step", 0))
                 if writer is not None:
-                    for key, value in record.items():
-                        if isinstance(value, (int, float)) and key not in ("step", "time"):
-                            writer.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
+                    writer = _add_scalars(writer, record, step)
                 if record.get("kind") == "train" and step > seen_step:
                     seen_step = step
                     progress.update(task, completed=step, status=_status_line(record))
@@ -72,7 +80,36 @@ class LiveView:
                     for line in event_lines(record):
                         _say(progress, line)
         if writer is not None:
-            writer.close()
+            with contextlib.suppress(OSError):  # a full disk: said once already
+                writer.close()
+
+
+def _tensorboard(log_dir: Path):
+    """TensorBoard's event writer, or None when the disk is full already (one warning line)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    try:
+        return SummaryWriter(log_dir=str(log_dir))
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        log.warning("%s: TensorBoard events stopped at the start: the disk is full (%s)", log_dir, err)
+        return None
+
+
+def _add_scalars(writer, record: dict[str, Any], step: int):
+    """The record's numbers as TensorBoard scalars; the writer, or None once the disk is full (TensorBoard stops,
+    the view and the run go on: the metrics log holds the same numbers)."""
+    try:
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and key not in ("step", "time"):
+                writer.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        log.warning("%s: TensorBoard events stopped at step %d: the disk is full (%s)", writer.log_dir, step, err)
+        return None
+    return writer
 
 
 def event_lines(record: dict[str, Any]) -> list[str]:
@@ -148,7 +185,7 @@ def write_report(run_dir: str | Path, *, title: str | None = None) -> Path:
     if events:
         lines += ["## Events", ""] + [f"- step {e['step']}: {e.get('event')}" for e in events] + [""]
     path = run_dir / "report.md"
-    path.write_text("\n".join(lines))
+    atomic_write_text(path, "\n".join(lines))
     return path
 
 
@@ -167,8 +204,10 @@ def _save(plt, fig, ax, path: Path, ylabel: str) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    atomic_write_bytes(path, image.getvalue())
 
 
 def _plot_losses(path: Path, train: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:

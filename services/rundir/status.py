@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from albert_core.files import CorruptCheckpoint
+from albert_core.files import CorruptCheckpoint, is_disk_full
 from albert_core.model.config import ConfigError
 from services.rundir import evaluations, schedules
 from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, reindex, verify
@@ -131,8 +131,15 @@ def read_state(run_dir: str | Path) -> LedgerState:
 
 
 def touch_heartbeat(run_dir: str | Path) -> None:
-    """Say that the run's coordinator, this process, is alive."""
-    (Path(run_dir) / HEARTBEAT_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    """Say that the run's coordinator, this process, is alive. On a full disk the beat is the file's time alone (its
+    text may be lost: coordinator_live then trusts its age)."""
+    path = Path(run_dir) / HEARTBEAT_FILE
+    try:
+        path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        path.touch()
 
 
 def heartbeat_age(run_dir: str | Path) -> float | None:

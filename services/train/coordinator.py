@@ -24,6 +24,7 @@ from typing import Any
 import ray
 
 from albert_core.examples.shards import HELDOUT_FILE
+from albert_core.files import DiskFull
 from services import RAY_NAMESPACE
 from services.cluster import coordinator_name
 from services.eval.evaluate import check_tasks
@@ -127,6 +128,10 @@ class Coordinator:
             except ScheduleBusy:  # the process of this actor's previous incarnation is still going
                 time.sleep(EVAL_POLL_S)
                 continue
+            except DiskFull as err:  # one line; training meets the full disk too, at its next save at the latest
+                log.error(
+                    "the evaluations of %s stopped: %s; they go on at its next checkpoint", self.ledger.run_dir, err
+                )
             except Exception:
                 log.exception("the evaluations of %s failed; they go on at its next checkpoint", self.ledger.run_dir)
             self.scheduler.wake.wait()

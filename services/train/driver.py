@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from albert_core.files import DiskFull
 from albert_core.model.config import ConfigError
 from services.rundir.checkpoints import CHECKPOINTS_DIR, latest_good, read_trainer_json
 from services.rundir.config import RunConfig
@@ -143,6 +144,9 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
         raise ConfigError(workers_missing(t, resources, t.startup_timeout_s)) from None
     except WorkerGroupError as err:
         damage = next((e for e in err.worker_failures.values() if isinstance(e, DamagedShard)), None)
+        full = next((e for e in err.worker_failures.values() if isinstance(e, DiskFull)), None)
+        if full is not None:
+            raise DiskFull(f"{full}; the run stopped: {resumes_from(plan)}", full.path) from None
         if damage is None:
             raise
         raise stopped_on_damage(plan, damage) from None
@@ -152,9 +156,13 @@ def fit(plan: WorkerPlan, callbacks: list | None = None) -> None:
 
 def stopped_on_damage(plan: WorkerPlan, damage: DamagedShard) -> DamagedShard:
     """The damaged shard's line, with where the run stands (exit status 65 through the command's ValueError)."""
+    return DamagedShard(f"{damage}; the run stopped, {resumes_from(plan)}", damage.path, damage.row_group)
+
+
+def resumes_from(plan: WorkerPlan) -> str:
+    """Where the run stands, for the line of a run stopped on a damaged shard or a full disk."""
     newest = latest_good(plan.checkpoints)
-    resumes = f"a resume starts from {newest}" if newest else "no checkpoint yet: a resume starts from step 0"
-    return DamagedShard(f"{damage}; the run stopped, {resumes}", damage.path, damage.row_group)
+    return f"a resume starts from {newest}" if newest else "no checkpoint yet: a resume starts from step 0"
 
 
 def worker_group_size(t) -> int | tuple[int, int]:

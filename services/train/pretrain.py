@@ -10,6 +10,7 @@ from pathlib import Path
 
 import ray
 
+from albert_core.files import atomic_write_bytes
 from services.cluster import connect, coordinator_name
 from services.rundir.config import RunConfig
 from services.rundir.report import LiveView, write_report
@@ -68,4 +69,5 @@ def keep_tokenizer_with_run(files: Sequence[str], shards: Path, run_dir: Path) -
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     for path in map(Path, files):
-        shutil.copy2(path, run_dir / path.name)
+        atomic_write_bytes(run_dir / path.name, path.read_bytes())  # a few MB at most; whole or the previous copy
+        shutil.copystat(path, run_dir / path.name)

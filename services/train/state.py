@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 import logging
 import random
@@ -98,7 +99,8 @@ def save_train_state(
     """
     final = Path(directory)
     try:
-        with writing(final, extra=[Path(path).name for path in carry], step=state.step) as tmp:
+        needed = functools.partial(_checkpoint_bytes, model, optimizer, carry)
+        with writing(final, extra=[Path(path).name for path in carry], needed=needed, step=state.step) as tmp:
             for path in carry:
                 shutil.copyfile(path, tmp / Path(path).name)
             save_model(tmp, _unwrap(model))
@@ -114,9 +116,16 @@ def save_train_state(
                 "rng": _capture_rng(),
             }
             (tmp / TRAINER_FILE).write_bytes(_to_json(trainer, TRAINER_FILE).encode())
-    except (OSError, SafetensorError) as err:  # e.g. the disk is full; safetensors reports it without the path
+    except (OSError, SafetensorError) as err:  # a full disk is DiskFull (services.rundir.checkpoints.writing)
         raise OSError(f"{final}: checkpoint not saved, earlier checkpoints are untouched ({err})") from err
     return final
+
+
+def _checkpoint_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, carry: Sequence[str | Path]) -> int:
+    """About the bytes a checkpoint of this model and optimizer takes: its tensors and the files it carries."""
+    moments = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    tensors = [*_unwrap(model).parameters(), *moments]
+    return sum(t.numel() * t.element_size() for t in tensors) + sum(Path(p).stat().st_size for p in carry)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

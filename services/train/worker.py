@@ -33,8 +33,9 @@ import torch
 
 from albert_core.evaluation.unigram import UnigramBaseline, stored_file
 from albert_core.examples.order import DataStream
+from albert_core.files import DiskFull, disk_full_line, free_bytes
 from albert_core.optim import set_schedule_position, time_position
-from services.rundir.checkpoints import checkpoint_dir
+from services.rundir.checkpoints import checkpoint_dir, kept_checkpoints
 from services.rundir.health import Finding, divergence
 from services.train.backends import StepBackend, all_reduce_sum, backend_for
 from services.train.data import DAMAGE_EVENT, DamagedShard, damage_left
@@ -79,10 +80,16 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     A damaged shard (services.train.data.DamagedShard) fails the worker group once: the run's log names it first,
     and a worker group Ray Train restarts while that shard is still damaged ends at once instead of training up to
-    it again; the driver then stops the run with the shard's line."""
+    it again; the driver then stops the run with the shard's line.
+
+    A full disk (albert_core.files.DiskFull: rank 0's checkpoint, or the run's record) fails the worker group with
+    its line; a worker group Ray Train restarts while the run directory still lacks room for one checkpoint fails at
+    once with it, instead of training up to the next save again; the driver then stops the run with that line."""
     worker = start_worker(loop_config["plan"])
     if _from_rank0([worker.rank == 0 and damage_left(worker.plan.run_dir) is not None], worker)[0]:
         return
+    if worker.rank == 0:
+        check_room_for_a_checkpoint(worker.plan)
     coordinator = worker.plan.coordinator
     # While this worker trains, a SIGTERM to its process asks the run for a graceful stop, as one to the driver does.
     with stop_gracefully_on_sigterm(coordinator, worker.rank) if coordinator else contextlib.nullcontext():
@@ -100,6 +107,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         except DamagedShard as damage:
             record_damage(worker, state.step, damage)
             raise
+
+
+def check_room_for_a_checkpoint(plan: WorkerPlan) -> None:
+    """DiskFull when the run directory's filesystem holds less than one checkpoint (plan.disk.least) now."""
+    free = free_bytes(plan.checkpoints)
+    if plan.disk is not None and free is not None and free < plan.disk.least:
+        line = disk_full_line(plan.checkpoints, plan.disk.least, kept_checkpoints(plan.checkpoints))
+        raise DiskFull(line, str(plan.checkpoints))
 
 
 def record_damage(worker: Worker, step: int, damage: DamagedShard) -> None:

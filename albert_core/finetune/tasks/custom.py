@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from albert_core.evaluation.metrics import classification_metrics, regression_metrics
+from albert_core.files import atomic_write_text
 from albert_core.finetune.config import FinetuneConfig, TaskHyperparams
 from albert_core.finetune.tasks.batching import by_length, text_batch, to_device
 from albert_core.finetune.tasks.custom_splits import CustomExample, CustomSplits, load_custom_splits
@@ -128,12 +130,13 @@ class CustomData:
         path.parent.mkdir(parents=True, exist_ok=True)
         values = self.predictions(outputs)
         cell = str if config.raw_csv else spreadsheet_safe
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow([cell(config.id_column or "index"), cell(config.label_column)])
-            for ident, value in zip(outputs.ids, values, strict=True):
-                label = f"{value:.6g}" if self.is_regression else self.labels[int(value)]
-                writer.writerow([cell(ident), cell(label)])
+        text = io.StringIO(newline="")
+        writer = csv.writer(text)
+        writer.writerow([cell(config.id_column or "index"), cell(config.label_column)])
+        for ident, value in zip(outputs.ids, values, strict=True):
+            label = f"{value:.6g}" if self.is_regression else self.labels[int(value)]
+            writer.writerow([cell(ident), cell(label)])
+        atomic_write_text(path, text.getvalue())
         return path
 
 

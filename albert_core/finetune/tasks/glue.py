@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from albert_core.evaluation.metrics import GLUE_TASK_METRICS, canonical_glue_task, glue_metrics
+from albert_core.files import atomic_write_text
 from albert_core.finetune.config import TaskHyperparams
 from albert_core.finetune.tasks import DataFormatError
 from albert_core.finetune.tasks.batching import by_length, text_batch, to_device
@@ -291,7 +292,7 @@ def write_glue_predictions(
         lines.append(f"{index}\t{spec.labels[int(prediction)]}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from albert_core.files import atomic_write_bytes
 
 
 @dataclass
@@ -26,8 +29,9 @@ class TaskOutputs:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"__task__": np.array(self.task), "__split__": np.array(self.split), "__ids__": np.array(self.ids)}
-        with open(path, "wb") as f:
-            np.savez(f, **meta, **self.arrays)
+        data = io.BytesIO()
+        np.savez(data, **meta, **self.arrays)
+        atomic_write_bytes(path, data.getvalue())
         return path
 
     @classmethod

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from albert_core.evaluation.metrics import race_accuracy
+from albert_core.files import atomic_write_json
 from albert_core.finetune.config import FinetuneConfig, TaskHyperparams
 from albert_core.finetune.tasks import DataFormatError
 from albert_core.finetune.tasks.batching import by_length, text_batch, to_device
@@ -259,7 +260,7 @@ class RaceData:
         letters = [ANSWER_LETTERS[i] for i in outputs.arrays["logits"].argmax(axis=1).tolist()]
         path = out_dir / f"predictions_{outputs.split}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(dict(zip(outputs.ids, letters, strict=True)), indent=2) + "\n")
+        atomic_write_json(path, dict(zip(outputs.ids, letters, strict=True)))
         return path
 
     def available_test_splits(self) -> list[str]:

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from albert_core.evaluation.metrics import best_null_threshold, squad_scores, squad_v2_scores
 from albert_core.examples.batch import padded_length
+from albert_core.files import atomic_write_json
 from albert_core.finetune.config import SQUAD_TASKS, FinetuneConfig, TaskHyperparams
 from albert_core.finetune.tasks import DataFormatError
 from albert_core.finetune.tasks.batching import by_length, to_device
@@ -429,7 +430,7 @@ def write_squad_predictions(predictions: Mapping[str, str] | Mapping[str, float]
     """The official predictions file ({qid: answer text}); also writes null odds ({qid: float}, the na_prob file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(predictions), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    atomic_write_json(path, dict(predictions), ensure_ascii=False)
     return path
 
 
