@@ -13,12 +13,22 @@ CPU-second (tokens / CPU time spent inside the shard tasks vs tokens / CPU time 
 efficiency, without Ray's start-up, and robust to other processes sharing the CPUs, which slow wall times).
 The target is >= 0.6 of the limit per core.
 
-    python bench/bench_preprocess.py [--num-cpus 2] [--shard-mb 1] [--rounds 2]
+Where a unit's CPU time goes (issue 38): every unit's marker records its CPU seconds by phase
+(services.preprocess.unit.PHASES: read, hash, sentences, clean, encode, pairs, arrow, parquet, commit). The bench
+sums them over the units of
+- in-process: every unit written in this process, one after the other (write_unit, no Ray);
+- the pipeline: the units written by the Ray tasks, and what the run cost outside them: the CPU time of this
+  process and of every process under it (Ray's: GCS, raylet, workers) during run_preprocess, less the units' own
+  (Ray's scheduling and object store, the driver's plan, held-out merge and manifest).
+With `--out` it writes the rates, ratios and phases as JSON (reports/preprocess-profile-*.json).
+
+    python bench/bench_preprocess.py [--num-cpus 2] [--shard-mb 1] [--rounds 2] [--out reports/x.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -32,7 +42,10 @@ from albert_core.text.tokenization import MODEL_FILE, Tokenizer, TokenizerTrainC
 from services.cluster import connect
 from services.data.sample import assemble_sample_corpus
 from services.preprocess.config import PreprocessConfig
+from services.preprocess.layout import Layout
 from services.preprocess.pipeline import run_preprocess
+from services.preprocess.plan import list_input_files, plan_units
+from services.preprocess.unit import PHASES, phase_totals, write_unit
 
 CACHE = Path(".cache/albert")
 
@@ -50,23 +63,72 @@ def sample_tokenizer(directory: Path, inputs: list[str]) -> Path:
     return directory / MODEL_FILE
 
 
-def time_pipeline(inputs: list[str], tokenizer: Path, num_cpus: int, shard_mb: float) -> tuple[float, int, dict]:
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and every live process under it (Linux /proc)."""
+    parents, times = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        pid = int(stat.parent.name)
+        parents[pid], times[pid] = int(fields[1]), int(fields[11]) + int(fields[12])
+    tree, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier += children
+    return sum(times.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def preprocess_config(inputs: list[str], tokenizer: Path, output: Path, num_cpus: int, shard_mb: float):
+    return PreprocessConfig(
+        inputs=inputs,
+        tokenizer=str(tokenizer),
+        output=str(output),
+        shard_input_bytes=int(shard_mb * (1 << 20)),
+        num_cpus=num_cpus,
+        progress=False,
+    )
+
+
+def time_pipeline(inputs: list[str], tokenizer: Path, num_cpus: int, shard_mb: float) -> tuple[float, float, dict]:
+    """(wall seconds, CPU seconds of this process and Ray's during the run, manifest)."""
     out = Path(tempfile.mkdtemp(prefix="bench-preprocess-"))
     try:
-        config = PreprocessConfig(
-            inputs=inputs,
-            tokenizer=str(tokenizer),
-            output=str(out / "shards"),
-            shard_input_bytes=int(shard_mb * (1 << 20)),
-            num_cpus=num_cpus,
-            progress=False,
-        )
-        started = time.perf_counter()
+        config = preprocess_config(inputs, tokenizer, out / "shards", num_cpus, shard_mb)
+        started, cpu_started = time.perf_counter(), tree_cpu_seconds()
         manifest = run_preprocess(config)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu_started
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    return seconds, manifest["tokens"], manifest
+    return seconds, cpu, manifest
+
+
+def profile_in_process(inputs: list[str], tokenizer, model: Path, shard_mb: float) -> dict:
+    """Every unit written in this process (no Ray): tokens, CPU seconds and their phases, summed over the units."""
+    out = Path(tempfile.mkdtemp(prefix="bench-preprocess-units-"))
+    try:
+        config = preprocess_config(inputs, model, out, 1, shard_mb)
+        layout = Layout(config.output)
+        summaries = []
+        for unit in plan_units(list_input_files(config), config).units:
+            for path in [*layout.unit_files(unit), layout.marker(unit)]:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                layout.partial(path).parent.mkdir(parents=True, exist_ok=True)
+            summaries.append(write_unit(unit, tokenizer, config, "bench", layout))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    tokens = sum(f["tokens"] for s in summaries for f in s["files"].values())
+    return {"tokens": tokens, "cpu_s": sum(s["cpu_seconds"] for s in summaries), "phases": phase_totals(summaries)}
+
+
+def phase_table(phases: dict[str, float], total: float, outside: float | None = None) -> str:
+    rows = [(name, phases[name]) for name in PHASES] + (
+        [("outside the units (Ray, driver)", outside)] * (outside is not None)
+    )
+    return "\n".join(f"  {name:<32} {sec:>7.2f} CPU-s  {sec / total:>6.1%}" for name, sec in rows)
 
 
 def time_encode(fn, texts: list[str]) -> tuple[float, float, int]:
@@ -83,6 +145,7 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--shard-mb", type=float, default=1.0, help="input MB per shard (units of work)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="write the measurements as JSON here")
     args = parser.parse_args()
 
     import ray
@@ -97,18 +160,25 @@ def main() -> None:
 
     connect(num_cpus=args.num_cpus, worker_logs=False)
     wall = {"pipeline": [], "raw": [], "tokenizer": []}
-    cpu = {"pipeline": [], "raw": [], "tokenizer": []}
+    cpu = {"pipeline": [], "raw": [], "tokenizer": [], "in_process": [], "pipeline_with_ray": []}
+    profiles, ray_phases, outside = [], [], []
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for r in range(args.rounds):  # interleaved, so drifting load hits every variant
-        seconds, tokens, manifest = time_pipeline(inputs, model, args.num_cpus, args.shard_mb)
-        cpu_s = manifest["timings"]["worker_cpu_s"]
+        seconds, tree_cpu, manifest = time_pipeline(inputs, model, args.num_cpus, args.shard_mb)
+        tokens, cpu_s = manifest["tokens"], manifest["timings"]["worker_cpu_s"]
         wall["pipeline"].append(tokens / seconds)
         cpu["pipeline"].append(tokens / cpu_s)
+        cpu["pipeline_with_ray"].append(tokens / tree_cpu)
+        ray_phases.append(manifest["timings"]["worker_cpu_phases"])
+        outside.append(tree_cpu - cpu_s)
         print(
             f"round {r}: pipeline {seconds:.2f}s for {tokens:,} tokens ({len(manifest['shards'])} shards, "
-            f"{manifest['examples']:,} examples); CPU time inside the shard tasks {cpu_s:.2f}s",
+            f"{manifest['examples']:,} examples); CPU time inside the shard tasks {cpu_s:.2f}s, "
+            f"outside them (Ray, driver) {tree_cpu - cpu_s:.2f}s",
             flush=True,
         )
+        profiles.append(profile_in_process(inputs, tokenizer, model, args.shard_mb))
+        cpu["in_process"].append(profiles[-1]["tokens"] / profiles[-1]["cpu_s"])
         for name, fn, data in (
             ("raw", lambda ts: sp.encode(ts, num_threads=1), preprocessed),
             ("tokenizer", lambda ts: [tokenizer.encode(t) for t in ts], texts),
@@ -130,6 +200,39 @@ def main() -> None:
             f"end to end {p / b:.2f} = {p / b / cores:.2f} per core; per CPU-second {pc / bc:.2f}"
         )
     print("target: >= 0.60 of the limit (raw SentencePiece) per core")
+    raw = statistics.median(cpu["raw"])
+    median_phases = {k: statistics.median(p["phases"][k] for p in profiles) for k in PHASES}
+    in_process_cpu = statistics.median(p["cpu_s"] for p in profiles)
+    print(
+        f"\nin-process (no Ray) per CPU-second {statistics.median(cpu['in_process']):>12,.0f} tokens/s: "
+        f"{statistics.median(cpu['in_process']) / raw:.2f} of raw; one unit after another, CPU seconds by phase:"
+    )
+    print(phase_table(median_phases, in_process_cpu))
+    ray_median = {k: statistics.median(p[k] for p in ray_phases) for k in PHASES}
+    ray_total = sum(ray_median.values()) + statistics.median(outside)
+    print(
+        f"pipeline on Ray, with what it costs outside the units: "
+        f"{statistics.median(cpu['pipeline_with_ray']) / raw:.2f} of raw; CPU seconds by phase:"
+    )
+    print(phase_table(ray_median, ray_total, statistics.median(outside)))
+    if args.out:
+        result = {
+            "corpus": {"documents": len(texts), "characters": sum(map(len, texts))},
+            "tokenizer": str(tokenizer),
+            "num_cpus": cores,
+            "shard_mb": args.shard_mb,
+            "rounds": args.rounds,
+            "tokens_per_cpu_s": {name: round(statistics.median(v)) for name, v in cpu.items()},
+            "vs_raw_per_cpu_s": {name: round(statistics.median(v) / raw, 3) for name, v in cpu.items()},
+            "in_process_phases_cpu_s": {k: round(v, 3) for k, v in median_phases.items()},
+            "in_process_cpu_s": round(in_process_cpu, 3),
+            "pipeline_phases_cpu_s": {k: round(v, 3) for k, v in ray_median.items()},
+            "pipeline_outside_units_cpu_s": round(statistics.median(outside), 3),
+            "raw_encode_cpu_s": round(profiles[-1]["tokens"] / raw, 3),
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
