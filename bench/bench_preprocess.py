@@ -36,16 +36,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from shard_digests import write_units  # bench/ (the script's folder) is on the path
+
 from albert_core.text.corpus import read_documents
 from albert_core.text.records import Document
 from albert_core.text.tokenization import MODEL_FILE, Tokenizer, TokenizerTrainConfig, train_tokenizer
 from services.cluster import connect
 from services.data.sample import assemble_sample_corpus
 from services.preprocess.config import PreprocessConfig
-from services.preprocess.layout import Layout
 from services.preprocess.pipeline import run_preprocess
-from services.preprocess.plan import list_input_files, plan_units
-from services.preprocess.unit import PHASES, phase_totals, write_unit
+from services.preprocess.unit import PHASES, phase_totals
 
 CACHE = Path(".cache/albert")
 
@@ -107,28 +107,21 @@ def time_pipeline(inputs: list[str], tokenizer: Path, num_cpus: int, shard_mb: f
 
 
 def profile_in_process(inputs: list[str], tokenizer, model: Path, shard_mb: float) -> dict:
-    """Every unit written in this process (no Ray): tokens, CPU seconds and their phases, summed over the units."""
+    """Every unit written in this process (no Ray): tokens, CPU seconds and their phases, summed over the units, and
+    the CPU seconds of cutting the stream files into units (the pipeline's reader tasks)."""
     out = Path(tempfile.mkdtemp(prefix="bench-preprocess-units-"))
     try:
-        config = preprocess_config(inputs, model, out, 1, shard_mb)
-        layout = Layout(config.output)
-        summaries = []
-        for unit in plan_units(list_input_files(config), config).units:
-            for path in [*layout.unit_files(unit), layout.marker(unit)]:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                layout.partial(path).parent.mkdir(parents=True, exist_ok=True)
-            summaries.append(write_unit(unit, tokenizer, config, "bench", layout))
+        summaries, reader_s = write_units(preprocess_config(inputs, model, out, 1, shard_mb), tokenizer)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     tokens = sum(f["tokens"] for s in summaries for f in s["files"].values())
-    return {"tokens": tokens, "cpu_s": sum(s["cpu_seconds"] for s in summaries), "phases": phase_totals(summaries)}
+    cpu_s = sum(s["cpu_seconds"] for s in summaries) + reader_s
+    return {"tokens": tokens, "cpu_s": cpu_s, "phases": phase_totals(summaries), "stream_reader_s": reader_s}
 
 
-def phase_table(phases: dict[str, float], total: float, outside: float | None = None) -> str:
-    rows = [(name, phases[name]) for name in PHASES] + (
-        [("outside the units (Ray, driver)", outside)] * (outside is not None)
-    )
-    return "\n".join(f"  {name:<32} {sec:>7.2f} CPU-s  {sec / total:>6.1%}" for name, sec in rows)
+def phase_table(phases: dict[str, float], total: float, outside: tuple[str, float]) -> str:
+    rows = [(name, phases[name]) for name in PHASES] + [outside]
+    return "\n".join(f"  {name:<36} {sec:>7.2f} CPU-s  {sec / total:>6.1%}" for name, sec in rows)
 
 
 def time_encode(fn, texts: list[str]) -> tuple[float, float, int]:
@@ -138,6 +131,99 @@ def time_encode(fn, texts: list[str]) -> tuple[float, float, int]:
     return time.perf_counter() - started, time.process_time() - cpu_started, n
 
 
+def measure(args, inputs: list[str], model: Path, tokenizer, texts: list[str]) -> tuple[dict, dict]:
+    """Rounds of: the pipeline on Ray (unless args.no_ray), every unit in-process, raw SentencePiece and
+    Tokenizer.encode, interleaved so that drifting load hits every variant. Returns (wall rates, lists of per-round
+    measurements)."""
+    preprocessed = [tokenizer.preprocess(t) for t in texts]
+    sp = tokenizer.sp
+    wall = {"pipeline": [], "raw": [], "tokenizer": []}
+    runs = {"pipeline": [], "raw": [], "tokenizer": [], "in_process": [], "pipeline_with_ray": []}
+    runs.update(profiles=[], ray_phases=[], outside=[])
+    for r in range(args.rounds):
+        if not args.no_ray:
+            seconds, tree_cpu, manifest = time_pipeline(inputs, model, args.num_cpus, args.shard_mb)
+            tokens, cpu_s = manifest["tokens"], manifest["timings"]["worker_cpu_s"]
+            wall["pipeline"].append(tokens / seconds)
+            runs["pipeline"].append(tokens / cpu_s)
+            runs["pipeline_with_ray"].append(tokens / tree_cpu)
+            runs["ray_phases"].append(manifest["timings"]["worker_cpu_phases"])
+            runs["outside"].append(tree_cpu - cpu_s)
+            print(
+                f"round {r}: pipeline {seconds:.2f}s for {tokens:,} tokens ({len(manifest['shards'])} shards, "
+                f"{manifest['examples']:,} examples); CPU time inside the shard tasks {cpu_s:.2f}s, "
+                f"outside them (Ray, driver) {tree_cpu - cpu_s:.2f}s",
+                flush=True,
+            )
+        runs["profiles"].append(profile_in_process(inputs, tokenizer, model, args.shard_mb))
+        runs["in_process"].append(runs["profiles"][-1]["tokens"] / runs["profiles"][-1]["cpu_s"])
+        for name, fn, data in (
+            ("raw", lambda ts: sp.encode(ts, num_threads=1), preprocessed),
+            ("tokenizer", lambda ts: [tokenizer.encode(t) for t in ts], texts),
+        ):
+            s, c, n = time_encode(fn, data)
+            wall[name].append(n / s)
+            runs[name].append(n / c)
+    return wall, runs
+
+
+def print_rates(wall: dict, runs: dict, cores: int) -> None:
+    if wall["pipeline"]:
+        p, pc = statistics.median(wall["pipeline"]), statistics.median(runs["pipeline"])
+        print(f"\npipeline end to end ({cores} CPUs)  {p:>12,.0f} tokens/s wall")
+        print(f"pipeline per CPU-second          {pc:>12,.0f} tokens/s (inside the shard tasks)")
+        for name, label in (("raw", "raw SentencePiece, 1 process"), ("tokenizer", "Tokenizer.encode, 1 process")):
+            b, bc = statistics.median(wall[name]), statistics.median(runs[name])
+            print(
+                f"{label:<32} {b:>12,.0f} tokens/s wall ({bc:,.0f} per CPU-second): "
+                f"end to end {p / b:.2f} = {p / b / cores:.2f} per core; per CPU-second {pc / bc:.2f}"
+            )
+        print("target: >= 0.60 of the limit (raw SentencePiece) per core")
+
+
+def summarize(runs: dict) -> dict:
+    """Medians over the rounds: rates, ratios to raw SentencePiece, CPU seconds by phase."""
+    raw = statistics.median(runs["raw"])
+    rates = {
+        name: statistics.median(runs[name])
+        for name in ("pipeline", "pipeline_with_ray", "raw", "tokenizer", "in_process")
+        if runs[name]
+    }
+    profiles = runs["profiles"]
+    result = {
+        "tokens_per_cpu_s": {name: round(v) for name, v in rates.items()},
+        "vs_raw_per_cpu_s": {name: round(v / raw, 3) for name, v in rates.items()},
+        "in_process_phases_cpu_s": {k: round(statistics.median(p["phases"][k] for p in profiles), 3) for k in PHASES},
+        "in_process_stream_cutting_cpu_s": round(statistics.median(p["stream_reader_s"] for p in profiles), 3),
+        "in_process_cpu_s": round(statistics.median(p["cpu_s"] for p in profiles), 3),
+        "tokens": profiles[-1]["tokens"],
+        "raw_encode_cpu_s": round(profiles[-1]["tokens"] / raw, 3),
+    }
+    if runs["ray_phases"]:
+        result["pipeline_phases_cpu_s"] = {
+            k: round(statistics.median(p[k] for p in runs["ray_phases"]), 3) for k in PHASES
+        }
+        result["pipeline_outside_units_cpu_s"] = round(statistics.median(runs["outside"]), 3)
+    return result
+
+
+def print_phases(result: dict) -> None:
+    ratios = result["vs_raw_per_cpu_s"]
+    print(
+        f"\nin-process (no Ray): {ratios['in_process']:.2f} of raw SentencePiece per CPU-second; CPU seconds by phase:"
+    )
+    cutting = ("stream cutting (outside the units)", result["in_process_stream_cutting_cpu_s"])
+    print(phase_table(result["in_process_phases_cpu_s"], result["in_process_cpu_s"], cutting))
+    print(f"  {'raw SentencePiece on the same text':<36} {result['raw_encode_cpu_s']:>7.2f} CPU-s")
+    if "pipeline_phases_cpu_s" in result:
+        phases, outside = result["pipeline_phases_cpu_s"], result["pipeline_outside_units_cpu_s"]
+        print(
+            f"pipeline on Ray: {ratios['pipeline']:.2f} of raw inside the tasks, {ratios['pipeline_with_ray']:.2f} "
+            "with what it costs outside them; CPU seconds by phase:"
+        )
+        print(phase_table(phases, sum(phases.values()) + outside, ("outside the units (Ray, driver)", outside)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=CACHE / "sample-corpus")
@@ -145,93 +231,32 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--shard-mb", type=float, default=1.0, help="input MB per shard (units of work)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--no-ray", action="store_true", help="in-process only: no pipeline on Ray")
     parser.add_argument("--out", type=Path, help="write the measurements as JSON here")
     args = parser.parse_args()
-
-    import ray
 
     inputs = sample_inputs(args.corpus)
     model = sample_tokenizer(args.tokenizer, inputs)
     tokenizer = Tokenizer.load(model)
     texts = [r.text for r in read_documents(inputs) if isinstance(r, Document)]
-    preprocessed = [tokenizer.preprocess(t) for t in texts]
-    sp = tokenizer.sp
     print(f"corpus: {len(texts)} documents, {sum(map(len, texts)) / 1e6:.1f} M characters; tokenizer {tokenizer}")
-
-    connect(num_cpus=args.num_cpus, worker_logs=False)
-    wall = {"pipeline": [], "raw": [], "tokenizer": []}
-    cpu = {"pipeline": [], "raw": [], "tokenizer": [], "in_process": [], "pipeline_with_ray": []}
-    profiles, ray_phases, outside = [], [], []
+    if not args.no_ray:
+        connect(num_cpus=args.num_cpus, worker_logs=False)
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    for r in range(args.rounds):  # interleaved, so drifting load hits every variant
-        seconds, tree_cpu, manifest = time_pipeline(inputs, model, args.num_cpus, args.shard_mb)
-        tokens, cpu_s = manifest["tokens"], manifest["timings"]["worker_cpu_s"]
-        wall["pipeline"].append(tokens / seconds)
-        cpu["pipeline"].append(tokens / cpu_s)
-        cpu["pipeline_with_ray"].append(tokens / tree_cpu)
-        ray_phases.append(manifest["timings"]["worker_cpu_phases"])
-        outside.append(tree_cpu - cpu_s)
-        print(
-            f"round {r}: pipeline {seconds:.2f}s for {tokens:,} tokens ({len(manifest['shards'])} shards, "
-            f"{manifest['examples']:,} examples); CPU time inside the shard tasks {cpu_s:.2f}s, "
-            f"outside them (Ray, driver) {tree_cpu - cpu_s:.2f}s",
-            flush=True,
-        )
-        profiles.append(profile_in_process(inputs, tokenizer, model, args.shard_mb))
-        cpu["in_process"].append(profiles[-1]["tokens"] / profiles[-1]["cpu_s"])
-        for name, fn, data in (
-            ("raw", lambda ts: sp.encode(ts, num_threads=1), preprocessed),
-            ("tokenizer", lambda ts: [tokenizer.encode(t) for t in ts], texts),
-        ):
-            s, c, n = time_encode(fn, data)
-            wall[name].append(n / s)
-            cpu[name].append(n / c)
+    wall, runs = measure(args, inputs, model, tokenizer, texts)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
-    ray.shutdown()
+    if not args.no_ray:
+        import ray
 
-    cores = args.num_cpus
-    p, pc = statistics.median(wall["pipeline"]), statistics.median(cpu["pipeline"])
-    print(f"\npipeline end to end ({cores} CPUs)  {p:>12,.0f} tokens/s wall")
-    print(f"pipeline per CPU-second          {pc:>12,.0f} tokens/s (inside the shard tasks)")
-    for name, label in (("raw", "raw SentencePiece, 1 process"), ("tokenizer", "Tokenizer.encode, 1 process")):
-        b, bc = statistics.median(wall[name]), statistics.median(cpu[name])
-        print(
-            f"{label:<32} {b:>12,.0f} tokens/s wall ({bc:,.0f} per CPU-second): "
-            f"end to end {p / b:.2f} = {p / b / cores:.2f} per core; per CPU-second {pc / bc:.2f}"
-        )
-    print("target: >= 0.60 of the limit (raw SentencePiece) per core")
-    raw = statistics.median(cpu["raw"])
-    median_phases = {k: statistics.median(p["phases"][k] for p in profiles) for k in PHASES}
-    in_process_cpu = statistics.median(p["cpu_s"] for p in profiles)
-    print(
-        f"\nin-process (no Ray) per CPU-second {statistics.median(cpu['in_process']):>12,.0f} tokens/s: "
-        f"{statistics.median(cpu['in_process']) / raw:.2f} of raw; one unit after another, CPU seconds by phase:"
-    )
-    print(phase_table(median_phases, in_process_cpu))
-    ray_median = {k: statistics.median(p[k] for p in ray_phases) for k in PHASES}
-    ray_total = sum(ray_median.values()) + statistics.median(outside)
-    print(
-        f"pipeline on Ray, with what it costs outside the units: "
-        f"{statistics.median(cpu['pipeline_with_ray']) / raw:.2f} of raw; CPU seconds by phase:"
-    )
-    print(phase_table(ray_median, ray_total, statistics.median(outside)))
+        ray.shutdown()
+    print_rates(wall, runs, args.num_cpus)
+    result = summarize(runs)
+    print_phases(result)
     if args.out:
-        result = {
-            "corpus": {"documents": len(texts), "characters": sum(map(len, texts))},
-            "tokenizer": str(tokenizer),
-            "num_cpus": cores,
-            "shard_mb": args.shard_mb,
-            "rounds": args.rounds,
-            "tokens_per_cpu_s": {name: round(statistics.median(v)) for name, v in cpu.items()},
-            "vs_raw_per_cpu_s": {name: round(statistics.median(v) / raw, 3) for name, v in cpu.items()},
-            "in_process_phases_cpu_s": {k: round(v, 3) for k, v in median_phases.items()},
-            "in_process_cpu_s": round(in_process_cpu, 3),
-            "pipeline_phases_cpu_s": {k: round(v, 3) for k, v in ray_median.items()},
-            "pipeline_outside_units_cpu_s": round(statistics.median(outside), 3),
-            "raw_encode_cpu_s": round(profiles[-1]["tokens"] / raw, 3),
-        }
+        head = {"corpus": {"documents": len(texts), "characters": sum(map(len, texts))}, "tokenizer": str(tokenizer)}
+        head.update(num_cpus=args.num_cpus, shard_mb=args.shard_mb, rounds=args.rounds)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        args.out.write_text(json.dumps({**head, **result}, indent=2) + "\n")
         print(f"wrote {args.out}")
 
 

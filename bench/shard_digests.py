@@ -23,30 +23,44 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from albert_core.files import file_sha256  # noqa: E402
+from albert_core.text.regions import STREAM_EXPANSION, stream_chunks  # noqa: E402
 from albert_core.text.tokenization import load_tokenizer  # noqa: E402
 from services.data.sample import DEFAULT_CACHE, assemble_sample_corpus  # noqa: E402
 from services.preprocess.config import PreprocessConfig  # noqa: E402
 from services.preprocess.layout import Layout  # noqa: E402
 from services.preprocess.plan import list_input_files, plan_units  # noqa: E402
-from services.preprocess.unit import write_unit  # noqa: E402
+from services.preprocess.unit import MARKER_SHA256, StreamData, write_unit  # noqa: E402
 from tests.synthetic import distinct_documents, source_paragraphs, write_jsonl, write_multistream_dump  # noqa: E402
+
+
+def write_units(config: PreprocessConfig, tokenizer) -> tuple[list[dict], float]:
+    """Every unit of the run written in this process, one after the other, as the Ray tasks write them (a stream
+    file cut into chunks as pipeline._stream_units cuts it); returns their markers' summaries, in unit order, and
+    the CPU seconds spent cutting streams (outside the units, as in the pipeline's reader tasks)."""
+    layout = Layout(config.output)
+    plan = plan_units(list_input_files(config), config)
+    work = [(unit, None) for unit in plan.units]
+    reader_s = 0.0
+    for stream in plan.streams:
+        started, read_to = time.process_time(), 0
+        for chunk in stream_chunks(stream.file.path, STREAM_EXPANSION * config.shard_input_bytes, fmt=config.fmt):
+            unit = stream.unit(chunk.index, chunk.region(), chunk.compressed_end - read_to)
+            read_to = chunk.compressed_end
+            work.append((unit, StreamData(chunk.data, chunk.error)))
+        reader_s += time.process_time() - started
+    summaries = []
+    for unit, data in sorted(work, key=lambda pair: pair[0].index):
+        for path in [*layout.unit_files(unit), layout.marker(unit)]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            layout.partial(path).parent.mkdir(parents=True, exist_ok=True)
+        summaries.append(write_unit(unit, tokenizer, config, "in-process", layout, data))
+    return summaries, reader_s
 
 
 def unit_digests(config: PreprocessConfig) -> list[list[str]]:
     """[shard, held-out part, piece counts] sha256 of each unit, in unit order."""
-    tokenizer = load_tokenizer(config.tokenizer)
-    layout = Layout(config.output)
-    plan = plan_units(list_input_files(config), config)
-    digests = []
-    for unit in plan.units:
-        outputs = layout.unit_files(unit)
-        for path in [*outputs, layout.marker(unit)]:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            layout.partial(path).parent.mkdir(parents=True, exist_ok=True)
-        write_unit(unit, tokenizer, config, "digests", layout)
-        digests.append([file_sha256(path) for path in outputs])
-    return digests
+    summaries, _ = write_units(config, load_tokenizer(config.tokenizer))
+    return [[s[key] for key in MARKER_SHA256] for s in summaries]
 
 
 def configurations(work: Path) -> dict[str, PreprocessConfig]:
