@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -256,8 +257,9 @@ class UnitTransform:
         n = len(examples)
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum([len(e.input_ids) for e in examples], out=offsets[1:])
-        ids = np.concatenate([np.asarray(e.input_ids, dtype=np.int32) for e in examples] + [np.zeros(0, np.int32)])
-        types = np.concatenate([np.asarray(e.token_type_ids, dtype=np.int8) for e in examples] + [np.zeros(0, np.int8)])
+        total = int(offsets[-1])  # the columns read straight from the examples' lists (no array per example)
+        ids = np.fromiter(chain.from_iterable(e.input_ids for e in examples), dtype=np.int32, count=total)
+        types = np.fromiter(chain.from_iterable(e.token_type_ids for e in examples), dtype=np.int8, count=total)
         starts = self.tokenizer.word_start_table[ids]
         labels = np.array([e.pair_label for e in examples], dtype=np.int8)
         rows = np.arange(self.rows, self.rows + n, dtype=np.int64)
