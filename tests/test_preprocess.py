@@ -250,9 +250,10 @@ def test_each_unit_records_its_cpu_time_by_phase_and_the_manifest_sums_them(skip
     assert len(markers) == len(manifest["shards"])
     for marker in markers:
         phases = marker["cpu_phases"]
-        assert list(phases) == list(PHASES) and min(phases.values()) >= 0 and phases["encode"] > 0
+        assert list(phases) == list(PHASES) and min(phases.values()) >= 0
         assert sum(phases.values()) == pytest.approx(marker["cpu_seconds"], abs=0.01)  # every lap charged once
     sums = {phase: sum(m["cpu_phases"][phase] for m in markers) for phase in PHASES}
+    assert sums["read"] > 0 and sums["encode"] > 0  # (a unit of bad files alone encodes nothing)
     assert manifest["timings"]["worker_cpu_phases"] == pytest.approx(sums, abs=0.001)
 
 
