@@ -23,8 +23,8 @@ from services.rundir.config import recipes_dir
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 PROJECT_PACKAGES = {"albert_core", "services", "tests", "bench"}
-# Modules of distributions this venv does not hold (the XLA tier has its own virtualenv).
-ELSEWHERE = {"torch_xla": ["torch-xla"]}
+# Modules of distributions this venv does not hold (the XLA tier has its own virtualenv; the `bz2` extra is optional).
+ELSEWHERE = {"torch_xla": ["torch-xla"], "indexed_bzip2": ["indexed-bzip2"]}
 
 
 def requirements(group: str | None = None) -> dict[str, Requirement]:
@@ -56,7 +56,7 @@ def imported_distributions(*folders: str) -> dict[str, set[str]]:
 
 
 def test_every_package_the_code_imports_at_run_time_is_a_dependency_or_an_extra_for_its_feature():
-    declared = {**requirements(), **requirements("hf"), **requirements("xla")}
+    declared = {**requirements(), **requirements("hf"), **requirements("xla"), **requirements("bz2")}
     missing = {dist: sorted(files) for dist, files in imported_distributions("albert_core", "services").items()}
     missing = {dist: files for dist, files in missing.items() if dist not in declared}
     assert missing == {}

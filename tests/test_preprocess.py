@@ -27,6 +27,7 @@ from services.preprocess.config import PreprocessConfig
 from services.preprocess.layout import PROGRESS_DIR
 from services.preprocess.pipeline import run_preprocess
 from services.preprocess.plan import list_input_files
+from services.preprocess.unit import PHASES
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tokenizer_corpus.txt"
 TEXTS = FIXTURE.read_text(encoding="utf-8").splitlines()
@@ -240,6 +241,20 @@ def test_manifest_lists_each_shard_with_its_rows_and_sha256(skip_run):
         assert shard["rows"] == pq.read_metadata(path).num_rows
         assert shard["sha256"] == sha256(path)
     assert manifest["examples"] == sum(s["rows"] for s in manifest["shards"]) > 0
+
+
+@pytest.mark.ray
+def test_each_unit_records_its_cpu_time_by_phase_and_the_manifest_sums_them(skip_run):
+    config, manifest = skip_run
+    markers = [json.loads(p.read_text()) for p in (Path(config.output) / PROGRESS_DIR).glob("shard-*.json")]
+    assert len(markers) == len(manifest["shards"])
+    for marker in markers:
+        phases = marker["cpu_phases"]
+        assert list(phases) == list(PHASES) and min(phases.values()) >= 0
+        assert sum(phases.values()) == pytest.approx(marker["cpu_seconds"], abs=0.01)  # every lap charged once
+    sums = {phase: sum(m["cpu_phases"][phase] for m in markers) for phase in PHASES}
+    assert sums["read"] > 0 and sums["encode"] > 0  # (a unit of bad files alone encodes nothing)
+    assert manifest["timings"]["worker_cpu_phases"] == pytest.approx(sums, abs=0.001)
 
 
 @pytest.mark.ray

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from albert_core.text.corpus import Region, read_documents, read_region
+from albert_core.text.corpus import Region, bz2_streams, read_documents, read_region
 from albert_core.text.records import Document, Skip
 from albert_core.text.regions import cut_points, first_cut, index_of, is_index, plan_file, stream_chunks
 from tests.synthetic import distinct_documents, write_jsonl, write_multistream_dump
@@ -78,6 +79,23 @@ def test_a_multistream_dump_is_cut_on_its_streams_and_each_region_reads_only_its
     # a middle region decompresses only its bytes: it holds whole pages, none of the first region's
     middle = texts(read_region(str(dump), cut.regions[1]))
     assert middle and set(middle).isdisjoint(texts(read_region(str(dump), cut.regions[0])))
+
+
+def test_indexed_bzip2_decompresses_a_multistream_region_as_the_standard_library_does(tmp_path):
+    pytest.importorskip("indexed_bzip2")  # the `bz2` extra
+    dump, _ = write_multistream_dump(iter(documents(400_000)), tmp_path / "w-multistream.xml.bz2")
+    data = dump.read_bytes()
+    fast, standard = bz2_streams(io.BytesIO(data)), bz2_streams(io.BytesIO(data), fast=False)
+    assert type(fast) is not type(standard)
+    assert b"".join(iter(lambda: fast.read(5000), b"")) == standard.read() == bz2.decompress(data)
+
+
+def test_a_damaged_multistream_region_is_an_oserror_with_indexed_bzip2_too(tmp_path):
+    pytest.importorskip("indexed_bzip2")
+    data = bytearray(bz2.compress(b"<page>text</page>\n" * 2000))
+    data[len(data) // 2] ^= 0xFF
+    with pytest.raises(OSError, match="bzip2: "):
+        bz2_streams(io.BytesIO(bytes(data))).read()
 
 
 def test_parquet_is_cut_by_row_groups_and_rows_keep_their_numbers(tmp_path, docs):

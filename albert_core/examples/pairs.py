@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -114,17 +115,23 @@ def create_pairs(
 
 
 def _prepare_document(document: Sequence[Sequence[int]], max_pair_tokens: int, index: int) -> tuple[list, int]:
-    """Non-empty sentences as int lists, long ones cut into even pieces; returns (sentences, number cut)."""
+    """Non-empty sentences as int lists, long ones cut into even pieces; returns (sentences, number cut). A sentence
+    that is a list already (a tokenizer's output) is used as it is, never copied or changed."""
     if isinstance(document, (str, bytes)):
         raise ValueError(f"document {index}: expected a sequence of sentences (token id lists), got {type(document)}")
     sentences: list[list[int]] = []
     n_split = 0
     for s_index, sentence in enumerate(document):
-        if isinstance(sentence, (str, bytes)) or not hasattr(sentence, "__len__"):
+        if type(sentence) is list:  # noqa: E721 (ids as a tokenizer returns them: used as they are, not copied)
+            tokens = sentence
+        elif isinstance(sentence, np.ndarray):
+            tokens = sentence.tolist()
+        elif isinstance(sentence, (str, bytes)) or not hasattr(sentence, "__len__"):
             raise ValueError(
                 f"document {index}, sentence {s_index}: expected a sequence of token ids, got {type(sentence).__name__}"
             )
-        tokens = sentence.tolist() if isinstance(sentence, np.ndarray) else [int(t) for t in sentence]
+        else:
+            tokens = [int(t) for t in sentence]
         if not tokens:
             continue
         if len(tokens) <= max_pair_tokens:
@@ -192,7 +199,7 @@ class _PairBuilder:
         objective = self.config.objective
         if objective == "nsp" and rng.random() < 0.5:
             a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
-            a = [t for s in chunk[:a_end] for t in s]
+            a = list(chain.from_iterable(chunk[:a_end]))
             b = self.random_b(max(1, target - len(a)))
             if b is not None:
                 a, b = _truncate_pair(a, b, self.config.max_pair_tokens, rng)
@@ -201,8 +208,8 @@ class _PairBuilder:
 
         if len(chunk) >= 2:
             a_end = int(rng.integers(1, len(chunk)))
-            a = [t for s in chunk[:a_end] for t in s]
-            b = [t for s in chunk[a_end:] for t in s]
+            a = list(chain.from_iterable(chunk[:a_end]))
+            b = list(chain.from_iterable(chunk[a_end:]))
         else:  # one sentence: its two halves, never B from another document (that would leak NSP into SOP)
             cut = int(rng.integers(1, len(chunk[0])))
             a, b = chunk[0][:cut], chunk[0][cut:]

@@ -19,14 +19,20 @@ _STARTERS = frozenset(
     then thus today tomorrow yesterday what who why how where which no not all some many most""".split()
 )
 _OPEN_PUNCT = "\"'“‘«([{"
-_RE_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*(?=\s|$)|[。！？]+[\"”’」』)]*")
+# A terminator: '.', '!', '?' or '…' (then closing quotes/brackets) before whitespace or the end, or CJK full stops
+# (then their closers) anywhere; the word after it in a lookahead (group 1). The pattern opens with one character
+# class, so the regex engine scans for it at C speed (an alternation at the top would be tried at every position).
+_RE_SENTENCE_END = re.compile(
+    r"[.!?…。！？](?:(?<=[.!?…])[.!?…]*[\"'”’»)\]]*(?=\s|$)|(?<=[。！？])[。！？]*[\"”’」』)]*)(?=\s*(\S*))"
+)
 _RE_PARAGRAPH = re.compile(r"\n\s*\n")
-_RE_NEXT_WORD = re.compile(r"\s*(\S*)")
+_RE_ACRONYM = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")  # "U.S", "e.g", "a.m"
 
 
-def _is_boundary(prev: str, terminator: str, next_word: str) -> bool:
-    if not next_word:
-        return True
+def _is_boundary(para: str, start: int, match: re.Match, next_word: str) -> bool:
+    """Whether the terminator `match` of `para` (the current sentence begins at `start`) ends a sentence before
+    `next_word` (not empty)."""
+    terminator = match.group()
     if terminator[0] in "。！？":
         return True
     first = next_word.lstrip(_OPEN_PUNCT)[:1]
@@ -36,7 +42,8 @@ def _is_boundary(prev: str, terminator: str, next_word: str) -> bool:
         return True
     if not terminator.startswith(".") or terminator.startswith(".."):
         return True  # ellipsis before a capital
-    word = prev.lstrip(_OPEN_PUNCT)
+    # The word before the terminator, found by position (no copies of the paragraph's tail).
+    word = para[max(start, para.rfind(" ", start, match.start()) + 1) : match.start()].lstrip(_OPEN_PUNCT)
     lower = word.lower()
     if lower in _ABBREVIATIONS:
         return False
@@ -44,7 +51,7 @@ def _is_boundary(prev: str, terminator: str, next_word: str) -> bool:
         return first.isupper()
     if len(word) == 1 and word.isupper() and word != "I":
         return False  # an initial: "J. R. R. Tolkien"
-    if re.fullmatch(r"(?:[A-Za-z]\.)+[A-Za-z]", word):  # acronym "U.S", "e.g", "a.m"
+    if _RE_ACRONYM.fullmatch(word):
         return next_word.lstrip(_OPEN_PUNCT).lower().rstrip(",;:") in _STARTERS
     return True
 
@@ -61,15 +68,14 @@ def split_sentences(text: str) -> list[str]:
         para = " ".join(paragraph.split())
         start = 0
         for match in _RE_SENTENCE_END.finditer(para):
+            next_word = match.group(1)
+            if next_word and not _is_boundary(para, start, match, next_word):
+                continue
             end = match.end()
-            # The words around the terminator, found by position (no copies of the paragraph's tail).
-            prev = para[max(start, para.rfind(" ", start, match.start()) + 1) : match.start()]
-            next_word = _RE_NEXT_WORD.match(para, end).group(1)
-            if _is_boundary(prev, match.group(), next_word):
-                sentence = para[start:end].strip()
-                if sentence:
-                    sentences.append(sentence)
-                start = end
+            sentence = para[start:end].strip()
+            if sentence:
+                sentences.append(sentence)
+            start = end
         rest = para[start:].strip()
         if rest:
             sentences.append(rest)

@@ -400,7 +400,11 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """[self.encode(t) for t in texts], preprocessed and encoded in one call each (on this thread)."""
-        return self.sp.encode(preprocess_sentences(self, texts), num_threads=1)
+        return self.encode_preprocessed(preprocess_sentences(self, texts))
+
+    def encode_preprocessed(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of texts already through `preprocess` (SentencePiece alone, one call, on this thread)."""
+        return self.sp.encode(texts, num_threads=1)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])

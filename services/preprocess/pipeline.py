@@ -57,7 +57,7 @@ from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig
 from services.preprocess.layout import Layout, kept_units
 from services.preprocess.manifest import commit_part, manifest_head, part_entry
 from services.preprocess.plan import Plan, PreprocessJob, plan_preprocess
-from services.preprocess.unit import StreamData, completed_summary, write_unit
+from services.preprocess.unit import StreamData, completed_summary, phase_totals, write_unit
 
 # ----------------------------------------------------------------------------------------------------------
 # Ray Data glue
@@ -243,6 +243,7 @@ def _run_units(config: PreprocessConfig, job: PreprocessJob, layout: Layout) -> 
         "tokens_per_s": round(new_tokens / pipeline_seconds, 1) if written and pipeline_seconds > 0 else None,
         "worker_s": round(sum(s["seconds"] for s in written), 3),  # wall time inside the tasks
         "worker_cpu_s": round(sum(s["cpu_seconds"] for s in written), 3),
+        "worker_cpu_phases": phase_totals(written),  # where that CPU time went (services.preprocess.unit.PHASES)
         # the largest peak resident memory of a worker process that wrote a unit (its whole life, in MB)
         "worker_peak_rss_mb": max((s.get("worker_peak_rss_mb", 0) for s in written), default=None),
     }

@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from albert_core.files import DiskFull, disk_full_as, file_sha256
 from albert_core.text.corpus import read_documents, read_region
 from albert_core.text.records import CorpusError, Document, Skip
 from albert_core.text.sentences import split_sentences
-from albert_core.text.tokenization import AnyTokenizer
+from albert_core.text.tokenization import AnyTokenizer, Tokenizer, preprocess_sentences
 from services.preprocess.config import PreprocessConfig, Unit
 from services.preprocess.layout import Layout, kept_units, write_json_atomic
 from services.preprocess.space import unit_bytes
@@ -47,6 +48,28 @@ MAX_SKIP_EXAMPLES = 10  # skip details kept per file in the manifest
 GROUP_CHARS = 8_000_000  # a document group also closes at this many characters (bounds worker memory)
 HELDOUT_BATCH = 256  # held-out documents written at a time
 MARKER_SHA256 = ("sha256", "heldout_sha256", "pieces_sha256")  # a done marker's digests of Layout.unit_files
+# What a unit's CPU time is spent on (its marker's `cpu_phases`): reading the records (decompression, JSON/XML,
+# wikitext), their sha256, sentence splitting, ALBERT's text normalization (WordPiece's is inside its encode),
+# SentencePiece/WordPiece, SOP/NSP pairs, Arrow arrays, Parquet writes, and committing (piece counts, sha256 of the
+# outputs, the marker).
+PHASES = ("read", "hash", "sentences", "clean", "encode", "pairs", "arrow", "parquet", "commit")
+
+
+class PhaseClock:
+    """This process's CPU seconds by phase: each `lap(phase)` charges the time since the previous lap to `phase`
+    (one process_time call a lap, a few per document)."""
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self._last = time.process_time()
+
+    def lap(self, phase: str) -> None:
+        now = time.process_time()
+        self.seconds[phase] += now - self._last
+        self._last = now
+
+    def rounded(self) -> dict[str, float]:
+        return {phase: round(seconds, 4) for phase, seconds in self.seconds.items()}
 
 
 @dataclass
@@ -87,7 +110,7 @@ class UnitTransform:
     """One unit's documents → example tables (one per document group) + held-out batches + counts.
 
     `heldout` takes the held-out documents, a HELDOUT_SCHEMA table at a time; `stream` is what a unit whose region
-    is a stream chunk reads."""
+    is a stream chunk reads; `clock` is charged with the CPU time of each phase."""
 
     def __init__(
         self,
@@ -97,8 +120,10 @@ class UnitTransform:
         *,
         heldout: Callable[[pa.Table], None],
         stream: StreamData | None = None,
+        clock: PhaseClock | None = None,
     ):
         self.unit, self.tokenizer, self.config, self.stream = unit, tokenizer, config, stream
+        self.clock = clock or PhaseClock()
         self.pair_config = config.pair_config()
         self.files = {f.path: FileStats() for f in unit.files}
         self.pair_counts: Counter[str] = Counter()
@@ -141,14 +166,18 @@ class UnitTransform:
         """Example tables in EXAMPLE_SCHEMA, in a fixed order. Raises CorpusError under on_error="fail"."""
         group: list[_Doc] = []
         chars = 0
+        lap = self.clock.lap
         for path, record in self.records():
+            lap("read")
             stats = self.files[path]
             stats.documents += 1
             if isinstance(record, Skip):
                 stats.skip(record.location, record.reason, record.detail)
                 continue
             h = document_hash(record.text)
+            lap("hash")
             doc = _Doc(path, record.location, h, split_sentences(record.text))
+            lap("sentences")
             if h < self._threshold:
                 self._hold_out(doc)
                 continue
@@ -157,13 +186,20 @@ class UnitTransform:
             if len(group) >= self.config.docs_per_group or chars >= GROUP_CHARS:
                 yield self._pairs(group)
                 group, chars = [], 0
+        lap("read")
         if group:
             yield self._pairs(group)
         self._flush_heldout()
 
     def _encode(self, docs: list[_Doc]) -> None:
         sentences = [s for d in docs for s in d.sentences]
-        ids = self.tokenizer.encode_batch(sentences)
+        tok = self.tokenizer
+        if isinstance(tok, Tokenizer):  # SentencePiece: ALBERT's normalization timed apart from the encode
+            texts = preprocess_sentences(tok, sentences)
+            self.clock.lap("clean")
+            ids = tok.encode_preprocessed(texts)
+        else:
+            ids = tok.encode_batch(sentences)
         start = 0
         for d in docs:
             d.ids = ids[start : start + len(d.sentences)]
@@ -171,6 +207,7 @@ class UnitTransform:
             stats = self.files[d.file]
             stats.sentences += len(d.sentences)
             stats.tokens += sum(len(s) for s in d.ids)
+        self.clock.lap("encode")
 
     def _hold_out(self, doc: _Doc) -> None:
         self._encode([doc])
@@ -181,13 +218,17 @@ class UnitTransform:
         self._heldout["sentences"].append(sentences)
         self._heldout["word_starts"].append([table[np.asarray(s, dtype=np.int64)].tolist() for s in sentences])
         self.heldout_documents += 1
+        self.clock.lap("arrow")
         if len(self._heldout["doc_id"]) >= HELDOUT_BATCH:
             self._flush_heldout()
 
     def _flush_heldout(self) -> None:
         if self._heldout["doc_id"]:
-            self._heldout_sink(pa.Table.from_pydict(self._heldout, schema=HELDOUT_SCHEMA))
+            table = pa.Table.from_pydict(self._heldout, schema=HELDOUT_SCHEMA)
+            self.clock.lap("arrow")
+            self._heldout_sink(table)
             self._heldout = {"doc_id": [], "sentences": [], "word_starts": []}
+            self.clock.lap("parquet")
 
     def _pairs(self, docs: list[_Doc]) -> pa.Table:
         self._encode(docs)
@@ -208,16 +249,19 @@ class UnitTransform:
         if int((~used).sum()) != sum(result.skipped_documents.values()):
             raise AssertionError(f"unit {self.unit.index}: pair skips {result.skipped_documents} != unused documents")
         self.pair_counts.update(result.counts)
+        self.clock.lap("pairs")
         table = self._table(result.examples)
         self.rows += table.num_rows
+        self.clock.lap("arrow")
         return table
 
     def _table(self, examples) -> pa.Table:
         n = len(examples)
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum([len(e.input_ids) for e in examples], out=offsets[1:])
-        ids = np.concatenate([np.asarray(e.input_ids, dtype=np.int32) for e in examples] + [np.zeros(0, np.int32)])
-        types = np.concatenate([np.asarray(e.token_type_ids, dtype=np.int8) for e in examples] + [np.zeros(0, np.int8)])
+        total = int(offsets[-1])  # the columns read straight from the examples' lists (no array per example)
+        ids = np.fromiter(chain.from_iterable(e.input_ids for e in examples), dtype=np.int32, count=total)
+        types = np.fromiter(chain.from_iterable(e.token_type_ids for e in examples), dtype=np.int8, count=total)
         starts = self.tokenizer.word_start_table[ids]
         labels = np.array([e.pair_label for e in examples], dtype=np.int8)
         rows = np.arange(self.rows, self.rows + n, dtype=np.int64)
@@ -269,6 +313,7 @@ def _write_unit(
     unit: Unit, tokenizer: AnyTokenizer, config: PreprocessConfig, fingerprint: str, layout: Layout, stream
 ) -> dict[str, Any]:
     started, cpu_started = time.perf_counter(), time.process_time()
+    clock = PhaseClock()
     outputs = layout.unit_files(unit)  # shard, held-out part, piece counts
     partials = [layout.partial(path) for path in outputs]
     layout.marker(unit).unlink(missing_ok=True)
@@ -277,10 +322,13 @@ def _write_unit(
             pq.ParquetWriter(partials[0], EXAMPLE_SCHEMA, **PARQUET_WRITE_OPTIONS) as shard,
             pq.ParquetWriter(partials[1], HELDOUT_SCHEMA, **PARQUET_WRITE_OPTIONS) as heldout,
         ):
-            transform = UnitTransform(unit, tokenizer, config, heldout=heldout.write_table, stream=stream)
+            transform = UnitTransform(unit, tokenizer, config, heldout=heldout.write_table, stream=stream, clock=clock)
+            clock.lap("parquet")
             for table in transform.tables():
                 if table.num_rows:
                     shard.write_table(table, row_group_size=table.num_rows)
+                clock.lap("parquet")
+        clock.lap("parquet")
         UnigramBaseline(transform.pieces).save_as(partials[2])
     except BaseException:
         for partial in partials:
@@ -299,6 +347,8 @@ def _write_unit(
         worker=f"{socket.gethostname()}:{os.getpid()}",
         worker_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
     )
+    clock.lap("commit")
+    summary["cpu_phases"] = clock.rounded()  # the marker's own writing is the one thing not counted
     try:
         write_json_atomic(layout.marker(unit), summary, kept_units(layout))
     except DiskFull:  # the unit is not committed: its files go, so that the space they took is free again
@@ -306,6 +356,11 @@ def _write_unit(
             path.unlink(missing_ok=True)
         raise
     return summary
+
+
+def phase_totals(summaries: list[dict[str, Any]]) -> dict[str, float]:
+    """The CPU seconds of these units' markers by phase (PHASES), summed."""
+    return {phase: round(sum(s.get("cpu_phases", {}).get(phase, 0.0) for s in summaries), 3) for phase in PHASES}
 
 
 def completed_summary(layout: Layout, unit: Unit, fingerprint: str) -> dict[str, Any] | None:
