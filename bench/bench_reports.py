@@ -106,9 +106,11 @@ def one_run(shards: Path, work: Path, *, workers: int, every: int, steps: int, w
     }
 
 
-def report_ms(run: dict, none: dict) -> float:
+def report_ms(run: dict, none: dict) -> float | None:
     """A report's cost: the median step that logged minus the median step that did not (in the same run; every
-    step logs at interval 1: the run without reports)."""
+    step logs at interval 1: the run without reports); None when no measured step logged."""
+    if run["logged_step_ms_median"] is None:
+        return None
     quiet = run["quiet_step_ms_median"] or none["quiet_step_ms_median"]
     return round(run["logged_step_ms_median"] - quiet, 3)
 
