@@ -114,6 +114,8 @@ class TrainSection:
     # With backend "xla" they also choose the PJRT runtime: TPU -> TPU, GPU -> CUDA, neither -> PJRT_DEVICE=CPU
     # must be set in the driver's environment (services/train.py, `pjrt_device_for`).
     resources_per_worker: dict[str, float] = field(default_factory=dict)
+    # A metrics.jsonl line (the live view's progress line, TensorBoard, `albert status`) every log_every steps. Rank 0
+    # hands it to the run's coordinator without waiting: no step waits on it (bench/bench_reports.py, issue 38).
     log_every: int = 10
     checkpoint_every: int = 1000
     keep_last: int = 3

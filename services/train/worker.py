@@ -6,11 +6,15 @@ run's per-step losses bit for bit on CPU: the example order is a function of the
 (albert_core.examples.order) and the checkpoint holds the data position; masks are seeded per (run seed, epoch,
 example id) and dropout per (run seed, rank, step), so no RNG state has to survive a crash.
 
-Reporting. Every `train.log_every` steps, every `train.checkpoint_every` steps and at the end, all workers call
-`ray.train.report`, which acts as a barrier. On checkpoint steps rank 0 first writes a training checkpoint to
-`<run_dir>/checkpoints/step_XXXXXXXX` (services.train.state), the one copy on disk: Ray's storage gets metrics
-only. Rank 0 also tells the run's record (services.train.record: the coordinator, or its own ledger) about metrics
-and checkpoints.
+Reporting. Every `train.log_every` steps, every `train.checkpoint_every` steps and at the end, rank 0 hands the
+step's metrics to the run's record (services.train.record: the coordinator, without waiting, or its own ledger),
+which writes metrics.jsonl; the driver's live view (progress line, TensorBoard) and `albert status` read that. On
+checkpoint steps rank 0 first writes a training checkpoint to `<run_dir>/checkpoints/step_XXXXXXXX`
+(services.train.state), the one copy on disk, and tells the record. Ray Train hears of the run once, at the last
+step of the worker group (the end, the budget, a stop): all workers call `ray.train.report` with its metrics, a
+barrier that waits for rank 0's final checkpoint. No step waits on Ray: its worker holds one unread result at a time
+and its controller reads them every 2 s, so a report per log step stalled training up to 2 s each
+(bench/bench_reports.py).
 
 Budget. `train.max_seconds` > 0 ends the run at the first step that brings its training time (summed over resumes)
 to the budget: rank 0's clock decides and one tiny broadcast per step tells every worker, so all stop at the same
@@ -56,6 +60,8 @@ from services.train.step import StepStats, initial_model, optimizer_for, step_se
 
 log = logging.getLogger(__name__)
 RECENT_LOSSES = 20
+REPORT_COST_SHARE = 0.05  # of training time spent handing metrics to the run's record: warned about, once
+REPORT_COST_MIN = 20  # reports before the share is judged
 
 
 @dataclass
@@ -73,6 +79,9 @@ class Worker:
     window: list[Any] = field(default_factory=list)  # tokens of the steps since the last log line
     window_start: float = field(default_factory=time.perf_counter)
     noticed: set[str] = field(default_factory=set)  # nodes whose preemption notice this worker group has saved for
+    report_seconds: float = 0.0  # rank 0: time spent handing metrics lines to the run's record (note_report_cost)
+    reports: int = 0
+    report_cost_warned: bool = False
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
@@ -396,14 +405,15 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
             return diverged
         worker.recent_losses = [*worker.recent_losses, metrics["loss"]][-RECENT_LOSSES:]
         if worker.record is not None:
+            started = time.perf_counter()
             worker.record.report(step, metrics)
+            note_report_cost(worker, step, time.perf_counter() - started, time.perf_counter() - clock.started)
             if save:
                 directory = checkpoint_dir(worker.plan.checkpoints, step)
                 path = worker.backend.save(directory, model, optimizer, scheduler, state, worker.plan.tokenizer_files)
                 worker.record.checkpoint_saved(step, str(path), metrics, final=is_last)
-        # Metrics only: resume reads run_dir/checkpoints through the run's record, so a copy in Ray's storage
-        # would only double the disk a run takes.
-        ray.train.report(metrics)
+        if ends is not None or is_last:
+            ray.train.report(metrics)  # the result, at the last step of this worker group (module docstring)
     if notice is not None and notice["new"] and worker.record is not None:
         fields = {k: v for k, v in notice.items() if k != "new"}
         worker.record.event(step, "preemption_notice", **fields, checkpoint_step=step)
@@ -416,6 +426,21 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
         asked = "Ctrl-C (SIGINT)" if ends == "SIGINT" else ends
         worker.record.event(step, "stopped", reason=f"stop requested ({asked})", signal=ends, checkpoint_step=step)
     return True if ends is not None else None
+
+
+def note_report_cost(worker: Worker, step: int, seconds: float, trained: float) -> None:
+    """Rank 0: a warning, once, when handing metrics lines to the run's record has taken more than
+    REPORT_COST_SHARE of this process's training time (`trained` seconds) over at least REPORT_COST_MIN reports."""
+    worker.report_seconds += seconds
+    worker.reports += 1
+    if worker.report_cost_warned or worker.reports < REPORT_COST_MIN:
+        return
+    if worker.report_seconds > REPORT_COST_SHARE * trained:
+        worker.report_cost_warned = True
+        share, every = worker.report_seconds / max(trained, 1e-9), worker.plan.config.train.log_every
+        warn(worker, step, f"writing metrics took {share:.0%} of training time ({worker.reports} reports, "
+             f"{1000 * worker.report_seconds / worker.reports:.2f} ms each, train.log_every = {every}); raise "
+             "train.log_every to train faster")  # fmt: skip
 
 
 def preemption_notice(worker: Worker, step: int) -> dict[str, Any] | None:
