@@ -91,11 +91,14 @@ def test_a_field_both_searched_and_given_on_its_own_is_refused():
         grid_of("lr=1e-5,2e-5", lr=3e-5)
 
 
+SHORT = ("--max-steps", "4", "--eval-every", "2")
+
+
 def finetune_argv(tok: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    """A few steps of albert-tiny on the module's SST-2 data (`extra`: what the test searches or sets)."""
     return [
         *("finetune", "--task", "sst2", "--data", str(data), "--preset", "albert-tiny", "--tokenizer", str(tok)),
-        *("--max-steps", "4", "--max-seq-length", "32", "--batch-size", "8", "--eval-every", "2", "--no-progress"),
-        *("--output", str(out), *extra),
+        *("--max-seq-length", "32", "--batch-size", "8", "--no-progress", "--output", str(out), *extra),
     ]
 
 
@@ -109,7 +112,7 @@ def test_more_trials_than_the_cap_are_refused_saying_how_many(tmp_path, capsys):
 
 def test_an_out_of_range_value_is_refused_naming_its_point_before_ray_starts(tmp_path, tok_dir, sst2, capsys):  # noqa: F811
     out = tmp_path / "out"
-    status = main(finetune_argv(tok_dir, sst2, out, "--search", "lr=1e-3,0"))
+    status = main(finetune_argv(tok_dir, sst2, out, "--search", "lr=1e-3,0", *SHORT))
     assert status == EXIT_USAGE
     assert "--search point lr=0.0: TaskHyperparams.lr: expected > 0" in capsys.readouterr().err
     assert not (out / "tune").exists()
@@ -154,7 +157,7 @@ def test_the_table_gives_each_points_median_iqr_and_seeds_and_marks_the_best(tmp
 @pytest.fixture(scope="module")
 def sweep(ray_local, tmp_path_factory, tok_dir, sst2):  # noqa: F811
     out = tmp_path_factory.mktemp("sweep") / "out"
-    status = main(finetune_argv(tok_dir, sst2, out, "--search", "lr=1e-3,3e-3", "--seeds", "2", "--ensemble"))
+    status = main(finetune_argv(tok_dir, sst2, out, "--search", "lr=1e-3,3e-3", "--seeds", "2", "--ensemble", *SHORT))
     assert status == 0
     with open(out / "results.csv") as f:
         return out, list(csv.DictReader(f))
@@ -188,7 +191,7 @@ def test_a_by_hand_run_of_the_best_point_gives_the_sweeps_scores(sweep, tmp_path
     _, table = sweep
     (best,) = [r for r in table if r["best"]]
     by_hand = tmp_path / "by-hand"
-    assert main(finetune_argv(tok_dir, sst2, by_hand, "--lr", best["lr"], "--seeds", "2")) == 0
+    assert main(finetune_argv(tok_dir, sst2, by_hand, "--lr", best["lr"], "--seeds", "2", *SHORT)) == 0
     summary = json.loads((by_hand / "summary.json").read_text())
     assert [row["acc"] for row in summary["per_seed"]] == [float(best["seed_12345"]), float(best["seed_12346"])]
 
@@ -223,7 +226,7 @@ def test_a_stopped_sweep_resumes_finishing_only_its_unfinished_runs(ray_local, t
 
 def test_resuming_into_a_folder_of_another_sweep_is_refused(sweep, tok_dir, sst2, capsys):  # noqa: F811
     out, _ = sweep
-    status = main(finetune_argv(tok_dir, sst2, out, "--search", "lr=1e-3,2e-3", "--seeds", "2", "--ensemble"))
+    status = main(finetune_argv(tok_dir, sst2, out, "--search", "lr=1e-3,2e-3", "--seeds", "2", "--ensemble", *SHORT))
     assert status == EXIT_USAGE
     assert "holds another sweep" in capsys.readouterr().err
 

@@ -25,7 +25,7 @@ from services.finetune.seeds import (
     seed_configs,
     summarize,
 )
-from services.finetune.trials import EARLY_STOPS, reused_line
+from services.finetune.trials import EARLY_STOPS, TUNE_DIR, reused_line
 from services.terminal import EXIT_INTERRUPTED, UsageError, interrupted_line, interrupted_status, printable
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ def _sweep_interrupted(interrupted: KeyboardInterrupt, total: int, output: Path)
     finished = len(getattr(interrupted, "results", []))
     status = interrupted_status(interrupted)
     print(f"\n{interrupted_line(status)}: {finished} of {total} runs finished")
-    print(f"Ray Tune's state is in {output / 'tune'}: the same command resumes the {total - finished} unfinished")
+    print(f"Ray Tune's state is in {output / TUNE_DIR}: the same command resumes the {total - finished} unfinished")
     return status
 
 
@@ -285,6 +285,8 @@ def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequenc
             (output / "summary.md").write_text(f"# {task}: interrupted before any run finished\n")
     status = interrupted_status(interrupted)
     print_interrupted(summary, unfinished, len(seeds), output, wrote, interrupted_line(status))
+    if (output / TUNE_DIR).is_dir():
+        print(f"Ray Tune's state is in {output / TUNE_DIR}: the same command resumes the unfinished runs")
     return status
 
 

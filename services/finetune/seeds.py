@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.finetune.trials import run_trials
+from services.finetune.trials import TUNE_DIR, run_trials
 
 if TYPE_CHECKING:
     from albert_core.finetune.config import FinetuneConfig
@@ -49,7 +49,6 @@ TASKS = (
 BASE_SEED = 12345
 GLUE_SEEDS = 5  # GLUE dev results are the median of 5 runs
 _RUN_FIELDS = frozenset({"task", "data_dir", "checkpoint", "seed", "overrides", "output_dir"})  # set per seed
-TUNE_DIR = "tune"  # Tune's experiment directory in a command's output folder
 
 
 def default_seeds(task: str) -> int:

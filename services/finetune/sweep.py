@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from services.finetune.search import Grid, point_label
-from services.finetune.trials import reused_line, run_trials
+from services.finetune.trials import TUNE_DIR, reused_line, run_trials
 from services.terminal import UsageError, printable
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def run_sweep(
     labels = [f"[{point_label(points[i])}] " for i, _ in where]
     outcome = run_trials(
         configs,
-        output / "tune",
+        output / TUNE_DIR,
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         progress=progress,

@@ -7,16 +7,19 @@ resources (`tune.with_resources`: num_cpus, num_gpus; torch limited to that many
 metric at each dev evaluation (what `--early-stop asha` stops on). A run's files are its config's output_dir
 (result.json when it finished); Tune's own state is the experiment directory `storage` (<output>/tune).
 
-Resume: when `storage` holds an experiment Tune can restore (a Ctrl-C, a SIGTERM, a lost node or driver), the same
-trials are restored (`Tuner.restore`, unfinished and errored trials run again, finished ones kept) and the outcome
+Resume: when `storage` holds an experiment Tune can restore (a Ctrl-C, a SIGTERM, a lost node or driver) of the same
+runs (their configs, recorded in RUNS_FILE; state of other runs is removed and they start anew), the trials are
+restored (`Tuner.restore`, unfinished and errored trials run again, finished ones kept) and the outcome
 says how many finished runs it reused. Ctrl-C (SIGINT) and SIGTERM stop the trials still running and save Tune's
 state, then raise SeedsInterrupted with the runs that finished.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import time
 from collections.abc import Sequence
@@ -29,6 +32,8 @@ from services.cluster import connect
 if TYPE_CHECKING:
     from albert_core.finetune.config import FinetuneConfig
 
+TUNE_DIR = "tune"  # Tune's experiment directory in a command's output folder
+RUNS_FILE = "albert_runs.json"  # in TUNE_DIR: the runs' configs; Tune's state is restored only for the same ones
 RESULT_FILE = "result.json"  # what albert_core.finetune.finetuning.finetune writes last, in a run's output_dir
 EARLY_STOPS = ("asha",)
 SCORE = "score"  # the reported key: the task's primary dev metric at an evaluation (non-finite: LOW_SCORE)
@@ -166,8 +171,14 @@ def _tuner(configs, storage: Path, *, num_cpus: float, num_gpus: float, progress
     threads = int(max(1, num_cpus))
     trainable = tune.with_parameters(_trial, configs=list(configs), num_threads=threads, cwd=os.getcwd())
     trainable = tune.with_resources(trainable, {"cpu": num_cpus, "gpu": num_gpus})
-    if tune.Tuner.can_restore(str(storage)):
+    record = storage / RUNS_FILE
+    runs = json.dumps([dataclasses.asdict(c) for c in configs], default=str, sort_keys=True)
+    if tune.Tuner.can_restore(str(storage)) and record.is_file() and record.read_text() == runs:
         return tune.Tuner.restore(str(storage), trainable, resume_unfinished=True, restart_errored=True), True
+    if storage.is_dir():  # the state of runs of other settings (a plain run again with another --lr): start anew
+        shutil.rmtree(storage)
+    storage.mkdir(parents=True)
+    record.write_text(runs)
     names = [f"run_{i:04d}" for i in range(len(configs))]
     tune_config = tune.TuneConfig(
         scheduler=_scheduler(early_stop, configs),
@@ -274,6 +285,7 @@ def reused_line(reused: int, total: int) -> str:
 
 __all__ = [
     "EARLY_STOPS",
+    "TUNE_DIR",
     "SeedsInterrupted",
     "TrialsOutcome",
     "finished_result",
