@@ -252,6 +252,8 @@ def _quiet_tune() -> None:
 
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # read by Tune when the run starts; verbose=0 then prints nothing
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
+    # after a stop: "Failed to fetch metrics" of each trial that had not reported yet (the summary says which ran)
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
 
 class _SigtermAsTuneStop:
