@@ -104,7 +104,8 @@ def _console_callback(labels: Sequence[str], configs: Sequence[FinetuneConfig], 
             if self.progress:
                 from tqdm.auto import tqdm
 
-                self.bar = tqdm(total=len(self.outputs), initial=self.done, desc="runs", unit="run")
+                desc = "runs" if any(self.labels) else "seeds"  # a sweep's runs; a plain command's seeds, as before
+                self.bar = tqdm(total=len(self.outputs), initial=self.done, desc=desc, unit="run")
 
         def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
             index = trial.config["trial"]
