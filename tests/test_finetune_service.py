@@ -1,4 +1,4 @@
-"""services.finetune.seeds: seeds as parallel Ray tasks, the median summary, ensembles, `albert finetune`."""
+"""services.finetune.seeds: seeds as parallel Ray Tune trials, the median summary, ensembles, `albert finetune`."""
 
 from __future__ import annotations
 
