@@ -295,8 +295,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "finetune",
         help="fine-tune a checkpoint on GLUE, SQuAD, RACE or your own data",
-        description="Fine-tune with the paper's recipe for the task; several seeds (and --search sweeps) run as parallel Ray Tune trials and "
-        "the dev metrics are summarized by their median.",
+        description="Fine-tune with the paper's recipe for the task; several seeds (and --search sweeps) run as "
+        "parallel Ray Tune trials and the dev metrics are summarized by their median.",
     )
     parser.add_argument("--task", required=True, help=", ".join(TASKS))
     parser.add_argument("--data", help="the task's data folder (official layout; custom: train.csv, dev.csv, ...)")
