@@ -225,8 +225,8 @@ def run_trials(
         early_stop=early_stop,
         labels=labels,
     )
-    terminated = _SigtermAsTuneStop()
-    with terminated:
+    stop = _StopSignals()
+    with stop:
         grid = tuner.fit()
     results = [finished_result(c) for c in configs]
     reused = sum(r is not None and r.get("started", started) < started for r in results) if restored else 0
@@ -235,9 +235,9 @@ def run_trials(
         if result.error is not None:
             index = result.config["trial"]
             raise RuntimeError(f"fine-tuning run {labels[index]}seed {configs[index].seed} failed: {result.error}")
-    if grid.num_terminated < len(configs) or terminated.received:
+    if stop.received is not None:
         interrupt = SeedsInterrupted([r for r in results if r is not None])
-        if terminated.received:
+        if stop.received == "SIGTERM":
             from services.terminal import Terminated
 
             raise interrupt from Terminated("terminated (SIGTERM)")
@@ -252,33 +252,37 @@ def _quiet_tune() -> None:
     import logging
 
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # read by Tune when the run starts; verbose=0 then prints nothing
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # _StopSignals handles Ctrl-C (and tells the command)
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     # after a stop: "Failed to fetch metrics" of each trial that had not reported yet (the summary says which ran)
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
 
-class _SigtermAsTuneStop:
-    """While Tune runs: a SIGTERM asks Tune to stop as its Ctrl-C does (SIGUSR1: running trials stopped, state
-    saved), instead of unwinding through it; `received` says one came."""
+class _StopSignals:
+    """While Tune runs: Ctrl-C (SIGINT) and SIGTERM ask Tune to stop (SIGUSR1, Tune's own stop: running trials
+    stopped, its state saved) instead of unwinding through it; `received` names the signal that came (Tune's own
+    SIGINT handler is off: TUNE_DISABLE_SIGINT_HANDLER, so that the command knows it was stopped)."""
 
     def __init__(self) -> None:
-        self.received = False
+        self.received: str | None = None
+        self.previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _SigtermAsTuneStop:
+    def __enter__(self) -> _StopSignals:
         import threading
 
-        self.previous = None
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR1"):
-            self.previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self._on_signal)
         return self
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.received = True
-        os.kill(os.getpid(), signal.SIGUSR1)
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            os.kill(os.getpid(), signal.SIGUSR1)
 
     def __exit__(self, *exc: Any) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
 
 def reused_line(reused: int, total: int) -> str:
