@@ -124,9 +124,31 @@ def test_three_class_test_predictions_name_each_test_row_and_its_class(three_cla
     out, _ = three_classes
     with open(out / "seed_12345" / "predictions_test.csv", newline="") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == ["index", "topic"]
+    assert rows[0][:2] == ["index", "topic"]
     assert [r[0] for r in rows[1:]] == [str(i) for i in range(20)]
     assert {r[1] for r in rows[1:]} <= set(KEYWORDS)
+
+
+def test_test_predictions_carry_each_class_probability(three_classes):
+    out, _ = three_classes
+    with open(out / "seed_12345" / "predictions_test.csv", newline="") as f:
+        header, *rows = list(csv.reader(f))
+    classes = [name.removeprefix("p_") for name in header[2:]]  # the test table has no labels: no gold column
+    assert sorted(classes) == sorted(KEYWORDS) and len(rows) == 20
+    for row in rows:
+        probabilities = [float(p) for p in row[2:]]
+        assert sum(probabilities) == pytest.approx(1.0, abs=1e-5)
+        assert classes[probabilities.index(max(probabilities))] == row[1]  # the predicted class is the likeliest
+
+
+def test_predictions_of_a_labelled_split_carry_its_gold_label(three_classes, topics):
+    out, _ = three_classes
+    with open(out / "seed_12345" / "predictions_dev.csv", newline="") as f:
+        header, *rows = list(csv.reader(f))
+    with open(topics / "dev.csv", newline="") as f:
+        gold = [row["topic"] for row in csv.DictReader(f)]
+    assert header[:3] == ["index", "topic", "gold_topic"]
+    assert [row[2] for row in rows] == gold
 
 
 def pair_rows(n: int, seed: int) -> list[dict]:
@@ -161,7 +183,7 @@ def test_a_text_pair_task_from_jsonl_encodes_both_texts_and_names_predictions_by
     assert set(result["dev"]) == {"acc", "macro_f1", "mcc"}
     with open(tmp_path / "out" / "predictions_dev.csv", newline="") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == ["pid", "same"]
+    assert rows[0] == ["pid", "same", "gold_same", "p_0", "p_1"]
     assert [r[0] for r in rows[1:]] == [f"p{i}" for i in range(12)] and {r[1] for r in rows[1:]} <= {"0", "1"}
 
 
@@ -185,7 +207,7 @@ def test_regression_from_parquet_holds_out_dev_records_the_split_and_predicts_in
     assert set(json.loads((out / "summary.json").read_text())["median"]) == {"pearson", "spearman"}
     with open(out / "seed_12345" / "predictions_dev.csv", newline="") as f:
         predicted = list(csv.reader(f))
-    assert predicted[0] == ["index", "score"]
+    assert predicted[0] == ["index", "score", "gold_score"]  # regression: no class probabilities
     assert [int(r[0]) for r in predicted[1:]] == split["dev"]["train_rows"]  # dev rows named by their train row
     values = [float(r[1]) for r in predicted[1:]]
     assert 50.0 < sum(values) / len(values) < 250.0  # standardized targets come back in the targets' units
@@ -343,7 +365,8 @@ def test_sigterm_while_seeds_run_on_the_local_ray_exits_143_with_its_own_line(tm
 @pytest.mark.ray
 def test_ctrl_c_while_seeds_run_on_ray_summarizes_the_finished_seed(ray_local, tmp_path, checkpoint, topics, capsys):
     from services.finetune.cli import report_interrupted
-    from services.finetune.seeds import SeedsInterrupted, run_seeds, seed_configs
+    from services.finetune.seeds import seed_configs
+    from services.finetune.trials import SeedsInterrupted, run_trials
 
     custom = CustomDataConfig(str(topics / "train.csv"), dev=str(topics / "dev.csv"), label_column="topic")
     overrides = {"custom": custom, "lr": 1e-3, "batch_size": 8, "max_seq_length": 32, "eval_every": 0}
@@ -367,7 +390,7 @@ def test_ctrl_c_while_seeds_run_on_ray_summarizes_the_finished_seed(ray_local, t
     try:
         threading.Thread(target=interrupt_when_seed_1_is_done, daemon=True).start()
         with pytest.raises(SeedsInterrupted) as interrupted:
-            run_seeds([short, long], num_cpus=1, progress=True)
+            run_trials([short, long], out / "tune", num_cpus=1, progress=True)
     finally:
         signal.signal(signal.SIGINT, previous)
     assert [r["seed"] for r in interrupted.value.results] == [1]

@@ -1,4 +1,4 @@
-"""services.finetune.seeds: seeds as parallel Ray tasks, the median summary, ensembles, `albert finetune`."""
+"""services.finetune.seeds: seeds as parallel Ray Tune trials, the median summary, ensembles, `albert finetune`."""
 
 from __future__ import annotations
 
@@ -216,3 +216,29 @@ def test_cli_refuses_to_run_without_a_checkpoint_or_preset(tmp_path, sst2):
     args = parser().parse_args(["finetune", "--task", "sst2", "--data", str(sst2)])
     with pytest.raises(ValueError, match="--checkpoint"):
         args.func(args)
+
+
+def test_a_preset_naming_a_recipe_is_its_model_with_random_weights_and_its_finetune_defaults():
+    from services.finetune.seeds import preset_model
+    from services.rundir.config import RunConfig, resolve_config_path
+
+    recipe = RunConfig.load(resolve_config_path("tiny"))
+    model, defaults = preset_model("tiny", vocab_size=200)
+    assert model == recipe.model_config(200)
+    assert (model.hidden_size, model.num_hidden_layers, model.position_bias) == (64, 2, "rotary")
+    assert defaults.overrides == {"lr": recipe.finetune.lr, "max_steps": 300, "pooling": "mean"}
+
+
+def test_the_summary_says_which_model_and_settings_the_random_init_arm_used(tmp_path, tok_dir, sst2, capsys):
+    args = parser().parse_args(
+        ["finetune", "--task", "sst2", "--data", str(sst2), "--preset", "tiny", "--tokenizer", str(tok_dir)]
+        + ["--seeds", "1", "--max-steps", "2", "--max-seq-length", "32", "--batch-size", "4", "--eval-every", "0"]
+        + ["--output", str(tmp_path / "cli"), "--no-progress"]
+    )
+    assert args.func(args) == 0
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert summary["model"] == "model: random init of --preset tiny (H 64, 2 layers, rotary positions)"
+    assert summary["settings"].startswith("settings: lr 0.001, batch_size 4, 2 steps")
+    assert summary["settings"].endswith("pooling mean")
+    printed = capsys.readouterr().out
+    assert "fine-tuning defaults of the recipe of" in printed and summary["settings"] in printed

@@ -440,16 +440,17 @@ def formula_run(tmp_path: Path, checkpoint: Path, *extra: str) -> list[list[str]
 
 def test_prediction_cells_that_a_spreadsheet_would_run_as_formulas_are_written_as_text(tmp_path, tiny_checkpoint):
     header, *rows = formula_run(tmp_path, tiny_checkpoint)
-    assert header == ["'=id", "'@label"]
-    assert all(ident.startswith("'+row") for ident, _ in rows)
-    assert {label for _, label in rows} <= {"'" + f for f in FORMULAS} | {"-1"}  # a number stays a number
+    assert header[:3] == ["'=id", "'@label", "gold_@label"]
+    assert all(row[0].startswith("'+row") for row in rows)
+    assert {row[1] for row in rows} <= {"'" + f for f in FORMULAS} | {"-1"}  # a number stays a number
+    assert {row[2] for row in rows} <= {"'" + f for f in FORMULAS} | {"-1"}
 
 
 def test_raw_csv_writes_prediction_cells_as_given(tmp_path, tiny_checkpoint):
     header, *rows = formula_run(tmp_path, tiny_checkpoint, "--raw-csv")
-    assert header == ["=id", "@label"]
-    assert all(ident.startswith("+row") for ident, _ in rows)
-    assert {label for _, label in rows} <= {*FORMULAS, "-1"}
+    assert header[:3] == ["=id", "@label", "gold_@label"]
+    assert all(row[0].startswith("+row") for row in rows)
+    assert {row[1] for row in rows} <= {*FORMULAS, "-1"}
 
 
 # --- 9. smaller: the tokenizer's corpus, batch sizes, --max-seq-length, what reaches the terminal -----------------

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,8 +245,9 @@ class _Trained:
     interrupted: KeyboardInterrupt | None = None  # what ended the steps (Ctrl-C, or a command's SIGTERM as one)
 
 
-def _train(run: _Run) -> _Trained:
-    """The steps, with dev evaluations on the schedule (each one a line on the progress bar's console)."""
+def _train(run: _Run, on_evaluation: Callable[[int, float], None] | None = None) -> _Trained:
+    """The steps, with dev evaluations on the schedule (each one a line on the progress bar's console, and
+    on_evaluation(step, the primary dev metric) called after it)."""
     config, h = run.config, run.h
     trained = _Trained(_BestOnDev(config.patience), [], 0)
     losses: list[float] = []
@@ -272,6 +273,8 @@ def _train(run: _Run) -> _Trained:
             run.log(record)
             stop = trained.best.update(step, metrics, outputs, run)
             progress.write(evaluation_line(record, metrics, h.train_steps, best=trained.best.step == step))
+            if on_evaluation is not None:
+                on_evaluation(step, float(metrics[run.data.metric]))
             if stop:
                 trained.stopped_early = True
                 break
@@ -289,17 +292,18 @@ def evaluation_line(record: dict[str, Any], metrics: dict[str, float], total: in
     )
 
 
-def finetune(config: FinetuneConfig) -> dict[str, Any]:
+def finetune(config: FinetuneConfig, on_evaluation: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """Fine-tune, evaluate on dev as configured, keep the best-on-dev weights, write predictions; return the results.
 
     Result: task, seed, metric (the task's primary dev metric), dev (all dev metrics at the best evaluation),
     best_step, steps (steps run), stopped_early, history (one record per evaluation), test (metrics where test
     labels are public: RACE, custom data with labels), files (what was written), hyperparams, checkpoint, seconds.
     Ctrl-C during the steps raises FinetuneInterrupted carrying this result so far (interrupted=True, no files).
+    `on_evaluation(step, primary dev metric)` is called after each dev evaluation (a Tune trial reports it there).
     """
     started = time.time()
     run = _start(config)
-    trained = _train(run)
+    trained = _train(run, on_evaluation)
     result = {
         "task": config.task,
         "seed": config.seed,
@@ -312,6 +316,7 @@ def finetune(config: FinetuneConfig) -> dict[str, Any]:
         "test": {},
         "files": {},
         "hyperparams": dataclasses.asdict(run.h),
+        "pooling": getattr(getattr(run.model, "config", None), "pooling", None),  # what the task head read
         "checkpoint": config.checkpoint,
         "started": started,
     }

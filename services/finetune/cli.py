@@ -1,7 +1,8 @@
-"""`albert finetune`: its flags and handler. One run in this process (a step progress bar), or seeds as Ray tasks
-(services.finetune.seeds); each seed's line and the summary table (services.finetune.console); after Ctrl-C the
-partial summary and exit status 130. For `--task custom` the user's tables are read and checked before Ray starts
-(albert_core.finetune.tasks.custom_splits)."""
+"""`albert finetune`: its flags and handler. One run in this process (a step progress bar), or seeds as Ray Tune
+trials (services.finetune.seeds, services.finetune.trials), or with --search a sweep of points x seeds
+(services.finetune.sweep); each seed's line and the summary table (services.finetune.console); after Ctrl-C the
+partial summary and exit status 130, and the same command resumes. For `--task custom` the user's tables are read and
+checked before Ray starts (albert_core.finetune.tasks.custom_splits), as a --search is (services.finetune.search)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from albert_core.files import atomic_write_json, atomic_write_text
-from services.cluster import connect
-from services.finetune.seeds import BASE_SEED, TASKS, default_seeds, run_downstream, seed_configs, summarize
+from services.finetune.search import SEARCHABLE, Grid, check_size, parse_search
+from services.finetune.seeds import (
+    BASE_SEED,
+    TASKS,
+    RecipeDefaults,
+    default_seeds,
+    model_line,
+    preset_model,
+    recipe_defaults,
+    run_downstream,
+    seed_configs,
+    summarize,
+)
+from services.finetune.trials import EARLY_STOPS, TUNE_DIR, reused_line
 from services.terminal import EXIT_INTERRUPTED, UsageError, interrupted_line, interrupted_status, printable
 
 if TYPE_CHECKING:
@@ -85,78 +98,97 @@ def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Pa
     return custom.train
 
 
-def _cli_overrides(args: Namespace) -> dict[str, Any]:
-    from albert_core.model.config import AlbertConfig
-
+def _cli_overrides(args: Namespace) -> tuple[dict[str, Any], RecipeDefaults | None]:
+    """The command's run settings, and the [finetune] defaults of a --preset that names a recipe."""
     flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")
     flags += ("micro_batch_size", "tokenizer", "device", "precision", "pooling")
     overrides: dict[str, Any] = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     if args.save_model:
         overrides["save_model"] = True
-    if args.preset:
-        if args.checkpoint:
-            raise UsageError("albert finetune: give --checkpoint (pretrained) or --preset (random init), not both")
-        if not args.tokenizer:
-            raise UsageError("albert finetune: --preset (random init) needs --tokenizer")
-        from albert_core.text.tokenization import load_tokenizer
+    if not args.preset:
+        if not args.checkpoint:
+            raise UsageError("albert finetune: --checkpoint (a pretrained model directory) or --preset is required")
+        return overrides, recipe_defaults(args.checkpoint)
+    if args.checkpoint:
+        raise UsageError("albert finetune: give --checkpoint (pretrained) or --preset (random init), not both")
+    if not args.tokenizer:
+        raise UsageError("albert finetune: --preset (random init) needs --tokenizer")
+    from albert_core.text.tokenization import load_tokenizer
 
-        vocab = load_tokenizer(args.tokenizer).vocab_size
-        overrides["model"] = AlbertConfig.preset(args.preset, vocab_size=vocab)
-    elif not args.checkpoint:
-        raise UsageError("albert finetune: --checkpoint (a pretrained model directory) or --preset is required")
-    return overrides
+    overrides["model"], defaults = preset_model(args.preset, load_tokenizer(args.tokenizer).vocab_size)
+    return overrides, defaults
 
 
 _DEFAULT_FLAGS = {"lr": "--lr", "max_steps": "--max-steps", "pooling": "--pooling"}
 
 
-def _apply_recipe_defaults(checkpoint: str | None, overrides: dict[str, Any]) -> None:
-    """The fine-tuning defaults of the checkpoint's recipe (services.finetune.seeds.recipe_defaults) for what the
-    command line does not give; says which it uses."""
-    from services.finetune.seeds import recipe_defaults
-
-    defaults = recipe_defaults(checkpoint) if checkpoint else None
+def _apply_recipe_defaults(
+    defaults: RecipeDefaults | None, overrides: dict[str, Any], searched: Sequence[str] = ()
+) -> None:
+    """The fine-tuning defaults of the checkpoint's recipe (services.finetune.seeds.recipe_defaults), or of the
+    recipe --preset names, for what the command line does not give (a --search gives its fields); says which."""
     if defaults is None:
         return
     given = {key: flag for key, flag in _DEFAULT_FLAGS.items() if key in defaults.overrides and key in overrides}
+    given |= {key: f"--search {key}" for key in searched if key in defaults.overrides}
     for key, value in defaults.overrides.items():
         overrides.setdefault(key, value)
     print(printable(defaults.describe(given)))
 
 
 def cmd_finetune(args: Namespace) -> int:
-    """`albert finetune`: one run in this process (a step progress bar), or seeds as Ray tasks; the summary table,
-    or after Ctrl-C the partial summary and exit status INTERRUPTED_EXIT."""
+    """`albert finetune`: one run in this process (a step progress bar), seeds as Tune trials, or a --search sweep;
+    the summary table, or after Ctrl-C the partial summary and exit status INTERRUPTED_EXIT."""
     from albert_core.finetune.config import canonical_task
     from services.finetune.console import print_summary
 
     task = canonical_task(args.task)
     seeds = args.seeds if args.seeds is not None else default_seeds(task)
+    if seeds < 1:
+        raise UsageError(f"albert finetune: --seeds {seeds}: expected at least 1")
     seed_values = [args.seed + i for i in range(seeds)]
     output = Path(args.output or Path("runs") / "finetune" / task)
+    grid = _grid(args, seeds)
     try:
-        summary = _finetune_from_cli(args, task, seed_values, output)
+        if grid is not None:
+            summary = _sweep_from_cli(args, task, grid, seed_values, output)
+        else:
+            summary = _finetune_from_cli(args, task, seed_values, output)
     except KeyboardInterrupt as interrupted:
+        if grid is not None:
+            return _sweep_interrupted(interrupted, grid.trials(seeds), output)
         return report_interrupted(interrupted, task, seed_values, output)
     print_summary(summary, output)
     return 0
 
 
+def _grid(args: Namespace, seeds: int) -> Grid | None:
+    """The --search grid, checked (fields, values, the trial cap), or None; --early-stop needs one."""
+    if not args.search:
+        if args.early_stop:
+            raise UsageError("albert finetune: --early-stop stops points of a sweep; it needs --search")
+        return None
+    options = {dest: action for dest, action in args.options.items() if dest != "help"}
+    grid = parse_search(args.search, options, {k: getattr(args, k, None) for k in SEARCHABLE})
+    check_size(grid, seeds)
+    return grid
+
+
 def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], output: Path) -> dict[str, Any]:
     from albert_core.finetune.finetuning import finetune
 
-    overrides = _cli_overrides(args)
-    _apply_recipe_defaults(args.checkpoint, overrides)
+    overrides, defaults = _cli_overrides(args)
+    _apply_recipe_defaults(defaults, overrides)
     data = _task_data(args, task, overrides, output)
+    model = model_line(args.checkpoint, overrides.get("model"), args.preset)
+    print(printable(model))
     configs = seed_configs(task, args.checkpoint, data, seeds=seed_values, overrides=overrides, output_dir=output)
     configs[0].tokenizer_path()  # a missing or mismatched tokenizer is an error now, not in every run
     if len(configs) == 1 and not args.ensemble:  # one run: in this process, with a step progress bar
         configs[0].progress = not args.no_progress
         result = finetune(configs[0])
-        return summarize([result], output) | {"results": [result]}
-    if args.address:
-        connect(args.address)
-    return run_downstream(
+        return summarize([result], output, model=model) | {"results": [result]}
+    summary = run_downstream(
         task,
         args.checkpoint,
         data,
@@ -167,7 +199,62 @@ def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], outpu
         num_cpus=args.cpus_per_run,
         num_gpus=args.gpus_per_run,
         progress=not args.no_progress,
+        address=args.address,
+        model=model,
     )
+    if summary["reused"]:
+        print(reused_line(summary["reused"], len(seed_values)))
+    return summary
+
+
+def _sweep_from_cli(args: Namespace, task: str, grid: Grid, seed_values: list[int], output: Path) -> dict[str, Any]:
+    """Every point x seed as a Tune trial; results.csv / results.md; the best point's summary (and ensemble)."""
+    from albert_core.finetune.finetuning import score_ensemble
+    from services.finetune import sweep
+
+    overrides, defaults = _cli_overrides(args)
+    _apply_recipe_defaults(defaults, overrides, searched=list(grid.values))
+    data = _task_data(args, task, overrides, output)
+    model = model_line(args.checkpoint, overrides.get("model"), args.preset)
+    print(printable(model))
+
+    def make(point: dict[str, Any], point_output: Path):
+        merged = overrides | point
+        return seed_configs(task, args.checkpoint, data, seeds=seed_values, overrides=merged, output_dir=point_output)
+
+    configs, where = sweep.sweep_configs(grid, make, seed_values, output)
+    configs[0].tokenizer_path()  # a missing or mismatched tokenizer is an error now, not in every run
+    sweep.check_sweep_file(output, sweep.sweep_record(task, grid, seed_values, configs))
+    print(f"sweep: {len(grid.points)} points x {len(seed_values)} seeds = {len(configs)} runs as Ray Tune trials")
+    rows, finished, reused = sweep.run_sweep(
+        grid,
+        configs,
+        where,
+        output,
+        num_cpus=args.cpus_per_run,
+        num_gpus=args.gpus_per_run,
+        progress=not args.no_progress,
+        early_stop=args.early_stop,
+        address=args.address,
+    )
+    best = sweep.best_point(rows)
+    results = finished[best.index]
+    table = sweep.write_table(rows, best, task, results[0]["metric"], output)
+    sweep.print_table(table, best, reused, len(configs), output)
+    scored = None
+    if args.ensemble:
+        best_dirs = [c.output_dir for c, (i, _) in zip(configs, where, strict=True) if i == best.index]
+        scored = score_ensemble(configs[best.index * len(seed_values)], best_dirs, output / "ensemble")
+    return summarize(results, output, scored, point=best.point, model=model) | {"results": results}
+
+
+def _sweep_interrupted(interrupted: KeyboardInterrupt, total: int, output: Path) -> int:
+    """After Ctrl-C or SIGTERM in a sweep: how many runs finished, and that the same command resumes the rest."""
+    finished = len(getattr(interrupted, "results", []))
+    status = interrupted_status(interrupted)
+    print(f"\n{interrupted_line(status)}: {finished} of {total} runs finished")
+    print(f"Ray Tune's state is in {output / TUNE_DIR}: the same command resumes the {total - finished} unfinished")
+    return status
 
 
 def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequence[int], output: Path) -> int:
@@ -198,6 +285,8 @@ def report_interrupted(interrupted: KeyboardInterrupt, task: str, seeds: Sequenc
             atomic_write_text(output / "summary.md", f"# {task}: interrupted before any run finished\n")
     status = interrupted_status(interrupted)
     print_interrupted(summary, unfinished, len(seeds), output, wrote, interrupted_line(status))
+    if (output / TUNE_DIR).is_dir():
+        print(f"Ray Tune's state is in {output / TUNE_DIR}: the same command resumes the unfinished runs")
     return status
 
 
@@ -206,13 +295,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "finetune",
         help="fine-tune a checkpoint on GLUE, SQuAD, RACE or your own data",
-        description="Fine-tune with the paper's recipe for the task; several seeds run as parallel Ray tasks and "
-        "the dev metrics are summarized by their median.",
+        description="Fine-tune with the paper's recipe for the task; several seeds (and --search sweeps) run as "
+        "parallel Ray Tune trials and the dev metrics are summarized by their median.",
     )
     parser.add_argument("--task", required=True, help=", ".join(TASKS))
     parser.add_argument("--data", help="the task's data folder (official layout; custom: train.csv, dev.csv, ...)")
     parser.add_argument("--checkpoint", help="pretrained model directory (ours or transformers')")
-    parser.add_argument("--preset", help="instead of --checkpoint: a randomly initialized preset (baseline)")
+    parser.add_argument(
+        "--preset",
+        help="instead of --checkpoint, random weights (a baseline): a model preset (albert-tiny, ...) or a recipe "
+        "(tiny, or a .toml: its model and its [finetune] defaults, the same model as its checkpoints)",
+    )
     parser.add_argument(
         "--tokenizer", help="spiece.model or a tokenizer directory (default: the one in or above the checkpoint)"
     )
@@ -236,5 +329,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpus-per-run", type=float, default=0)
     parser.add_argument("--address", help="Ray cluster address (default: a local Ray started here)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (a line per evaluation and run)")
+    parser.add_argument(
+        "--search",
+        action="append",
+        metavar="FIELD=V1,V2,...",
+        help="a sweep: every combination of the searched values x --seeds runs as Ray Tune trials, the best point "
+        "by the median dev score (results.csv, results.md); repeatable; FIELD: "
+        + ", ".join(f.replace("_", "-") for f in SEARCHABLE),
+    )
+    parser.add_argument(
+        "--early-stop", choices=EARLY_STOPS, help="with --search: stop weak runs at the dev evaluations (ASHA)"
+    )
     add_custom_data_arguments(parser)
-    parser.set_defaults(func=cmd_finetune)
+    parser.set_defaults(func=cmd_finetune, options={a.dest: a for a in parser._actions})

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from albert_core.files import METRICS_FILE
+from services.terminal import printable
 
 _SCALED_TASKS_EXCEPT = ("squad1", "squad2")
 
@@ -59,6 +60,9 @@ def console_table(summary: dict[str, Any]) -> str:
 def print_summary(summary: dict[str, Any], output: Path) -> None:
     print()
     print(console_table(summary))
+    for line in (summary.get("model"), summary.get("settings")):
+        if line:
+            print(printable(line))
     if summary.get("ensemble"):
         print(f"ensemble of {summary['ensemble']['runs']}: dev {_metrics_text(summary['ensemble']['dev'])}")
     if any(summary.get("test") or []):

@@ -1,10 +1,12 @@
-"""Fine-tuning jobs on Ray: one Ray task per seed, the median over seeds, ensembles, and `albert finetune`.
+"""Fine-tuning jobs on Ray: one Ray Tune trial per seed (services.finetune.trials), the median over seeds,
+ensembles, and `albert finetune`.
 
 All the math lives in `albert_core.finetune.finetuning` (its config in `albert_core.finetune.config`); this module only
-fans seeds out as Ray tasks (each on its own CPUs, torch limited to that many threads, run in parallel as far as the
-cluster's resources allow), collects the results, and writes the summary:
+builds a config per seed, runs them as Tune trials (each on its own CPUs, torch limited to that many threads, run in
+parallel as far as the cluster's resources allow), collects the results, and writes the summary:
 
     <output>/seed_<s>/    metrics.jsonl, result.json, predictions, outputs_<split>.npz   (one run)
+    <output>/tune/        Ray Tune's experiment state (what a resume restores)
     <output>/ensemble/    the ensemble's prediction files                                (with ensemble=True)
     <output>/summary.json median per metric, per-seed rows, ensemble metrics
     <output>/summary.md   the markdown table
@@ -21,20 +23,23 @@ A checkpoint of a pretraining run is fine-tuned with its recipe's defaults ([fin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from albert_core.files import atomic_write_json, atomic_write_text
-from services.cluster import connect
+from services.finetune.trials import TUNE_DIR, run_trials
 
 if TYPE_CHECKING:
     from albert_core.finetune.config import FinetuneConfig
+    from albert_core.model.config import AlbertConfig
 
 # torch and ray are imported where they are used: `albert --help` imports this module and stays instant.
 # The same names as albert_core.finetune.config.TASKS (a test keeps them equal).
@@ -45,14 +50,6 @@ TASKS = (
 BASE_SEED = 12345
 GLUE_SEEDS = 5  # GLUE dev results are the median of 5 runs
 _RUN_FIELDS = frozenset({"task", "data_dir", "checkpoint", "seed", "overrides", "output_dir"})  # set per seed
-
-
-class SeedsInterrupted(KeyboardInterrupt):
-    """Ctrl-C while seeds run as Ray tasks; `results` are the runs that had finished (in config order)."""
-
-    def __init__(self, results: list[dict[str, Any]]):
-        super().__init__(f"{len(results)} run(s) had finished")
-        self.results = results
 
 
 def default_seeds(task: str) -> int:
@@ -80,14 +77,50 @@ class RecipeDefaults:
     seed_configs overrides (lr, max_steps, pooling), and the run directory whose config holds them."""
 
     overrides: dict[str, Any]
-    run_dir: Path
+    run_dir: Path  # the run's directory, or the recipe file (`albert finetune --preset RECIPE`)
 
     def describe(self, given: dict[str, str] | None = None) -> str:
         """What they set, but for `given` (field -> the option that set it here instead)."""
         given = given or {}
         used = ", ".join(f"{k} {v}" for k, v in self.overrides.items() if k not in given) or "none"
-        line = f"fine-tuning defaults of the recipe of {self.run_dir} ([finetune] in its ledger.json): {used}"
+        ledger = "" if self.run_dir.is_file() else " in its ledger.json"
+        where = f"{self.run_dir} ([finetune]{ledger})"
+        line = f"fine-tuning defaults of the recipe of {where}: {used}"
         return line + (f" ({', '.join(given.values())} given instead)" if given else "")
+
+
+def _finetune_overrides(config) -> dict[str, Any]:
+    f = config.finetune
+    return {k: v for k, v in (("lr", f.lr), ("max_steps", f.max_steps), ("pooling", f.pooling)) if v}
+
+
+def preset_model(name: str, vocab_size: int) -> tuple[AlbertConfig, RecipeDefaults | None]:
+    """`albert finetune --preset NAME`, random weights: a model preset (albert-tiny, albert-base, ...), or a
+    recipe (a shipped one's name, e.g. tiny, or a .toml file): its [model] and its [finetune] defaults, so that a
+    random-init baseline is the same model, fine-tuned alike, as the recipe's pretrained checkpoints."""
+    from albert_core.model.config import PRESETS, AlbertConfig
+    from services.rundir.config import RunConfig, resolve_config_path
+
+    if name in PRESETS:
+        return AlbertConfig.preset(name, vocab_size=vocab_size), None
+    try:
+        path = resolve_config_path(name)
+    except ValueError as error:
+        raise ValueError(f"--preset {name}: not a model preset ({', '.join(PRESETS)}) nor a recipe: {error}") from None
+    recipe = RunConfig.load(path)
+    overrides = _finetune_overrides(recipe)
+    return recipe.model_config(vocab_size), RecipeDefaults(overrides, path) if overrides else None
+
+
+def model_line(checkpoint: str | None, model: AlbertConfig | None, preset: str | None) -> str:
+    """Which model an arm fine-tunes: "model: checkpoint DIR (H 64, 2 layers, rotary)" or "model: random init of
+    recipe tiny (...)"."""
+    from albert_core.model.checkpoint import read_architecture
+
+    config = read_architecture(checkpoint).config if checkpoint is not None else model
+    shape = f"H {config.hidden_size}, {config.num_hidden_layers} layers, {config.position_bias or 'absolute'} positions"
+    source = f"checkpoint {checkpoint}" if checkpoint is not None else f"random init of --preset {preset}"
+    return f"model: {source} ({shape})"
 
 
 def recipe_defaults(
@@ -103,8 +136,7 @@ def recipe_defaults(
     config = recorded_run_config(run_dir) if run_dir is not None else None
     if config is None:
         return None
-    f = config.finetune
-    overrides = {k: v for k, v in (("lr", f.lr), ("max_steps", f.max_steps), ("pooling", f.pooling)) if v}
+    overrides = _finetune_overrides(config)
     return RecipeDefaults(overrides, Path(run_dir)) if overrides else None
 
 
@@ -154,87 +186,16 @@ def seed_configs(
     ]
 
 
-def _finetune_in_worker(config: FinetuneConfig, num_threads: int) -> dict[str, Any]:
-    import torch
-
-    from albert_core.finetune.finetuning import finetune
-
-    torch.set_num_threads(max(1, num_threads))
-    return finetune(config)
-
-
-@functools.cache
-def _finetune_task():
-    import ray
-
-    return ray.remote(_finetune_in_worker)
-
-
-def run_seeds(
-    configs: Sequence[FinetuneConfig],
-    *,
-    num_cpus: float = 1,
-    num_gpus: float = 0,
-    progress: bool = False,
-) -> list[dict[str, Any]]:
-    """Run each config as a Ray task of num_cpus CPUs (and num_gpus GPUs); results in config order.
-
-    With progress, a bar over the runs and a line per finished run. Ctrl-C cancels the runs still going and raises
-    SeedsInterrupted with the finished ones.
-    """
-    import ray
-
-    from services.finetune.console import seed_line
-
-    connect()
-    task = _finetune_task().options(num_cpus=num_cpus, num_gpus=num_gpus)
-    pending = {task.remote(config, int(max(1, num_cpus))): i for i, config in enumerate(configs)}
-    results: list[dict[str, Any] | None] = [None] * len(configs)
-    bar = _bar(len(configs), progress)
-    waiting = list(pending)
-    try:
-        while waiting:
-            done, waiting = ray.wait(waiting, num_returns=1)
-            for ref in done:
-                result = ray.get(ref)
-                results[pending[ref]] = result
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix({result["metric"]: f"{result['dev'][result['metric']]:.4f}"})
-                    bar.write(seed_line(result, sum(r is not None for r in results), len(configs)))
-    except KeyboardInterrupt:
-        for ref in waiting:
-            _cancel(ray, ref)
-        raise SeedsInterrupted([r for r in results if r is not None]) from None
-    finally:
-        if bar is not None:
-            bar.close()
-    return results  # type: ignore[return-value]
-
-
-def _cancel(ray, ref) -> None:
-    """Stop an unfinished seed now (force: its worker process goes, and with it the CPU it holds); what it had
-    evaluated so far is in its metrics.jsonl."""
-    try:
-        ray.cancel(ref, force=True)
-    except Exception:  # already finished, or the cluster is going away: nothing left to stop
-        pass
-
-
-def _bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="seeds", unit="run")
-
-
 def summarize(
     results: Sequence[dict[str, Any]],
     output_dir: str | Path | None = None,
     ensemble: dict[str, Any] | None = None,
+    point: dict[str, Any] | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """median_of_seeds plus the markdown table (and the ensemble's scores); written to output_dir/summary.{json,md}."""
+    """median_of_seeds plus the markdown table (and the ensemble's scores); written to output_dir/summary.{json,md}.
+    `point`: a sweep's best point (its searched settings), recorded and named in the title; `model`: which model
+    the runs fine-tuned (model_line); "settings": the runs' recipe (lr, batch size, steps, ...) and pooling."""
     from albert_core.finetune.finetuning import json_safe, markdown_table, median_of_seeds
 
     summary = median_of_seeds(results)
@@ -242,15 +203,32 @@ def summarize(
     summary["test"] = [r["test"] for r in results] if any(r["test"] for r in results) else []
     if ensemble is not None:
         summary["ensemble"] = ensemble
+    if point is not None:
+        summary["point"] = point
+    if model is not None:
+        summary["model"] = model
+    summary["settings"] = settings_line(results[0])
     if output_dir is not None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        text = f"# {summary['task']}: dev, {summary['runs']} runs\n\n{summary['table']}\n"
+        at = "" if point is None else ", best point " + " ".join(f"{k}={v}" for k, v in point.items())
+        text = f"# {summary['task']}: dev, {summary['runs']} runs{at}\n\n{summary['table']}\n"
+        text += "".join(f"\n{line}\n" for line in (summary.get("model"), summary["settings"]) if line)
         if ensemble is not None:
             text += f"\nensemble of {ensemble['runs']}: {json.dumps(json_safe(ensemble['dev']))}\n"
         atomic_write_text(out / "summary.md", text)
         atomic_write_json(out / "summary.json", json_safe(summary))
     return summary
+
+
+def settings_line(result: dict[str, Any]) -> str:
+    """ "settings: lr 0.001, batch_size 16, 300 steps (warmup 30), max_seq_length 128, adamw, pooling mean"."""
+    h = result.get("hyperparams", {})
+    if not h:
+        return "settings: unknown"
+    text = f"settings: lr {h['lr']:g}, batch_size {h['batch_size']}, {h['train_steps']} steps "
+    text += f"(warmup {h['warmup_steps']}), max_seq_length {h['max_seq_length']}, {h['optimizer']}"
+    return text + (f", pooling {result['pooling']}" if result.get("pooling") else "")
 
 
 def run_downstream(
@@ -265,12 +243,16 @@ def run_downstream(
     num_cpus: float = 1,
     num_gpus: float = 0,
     progress: bool = False,
+    address: str | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune `checkpoint` on `task` once per seed (Ray tasks in parallel) and summarize.
+    """Fine-tune `checkpoint` on `task` once per seed (Tune trials in parallel) and summarize. Run again on the same
+    output_dir after a stop, it resumes: the finished seeds are reused ("reused": how many).
 
     Returns median_of_seeds' summary (task, metric, runs, seeds, median, per_seed) plus "table" (markdown),
-    "test" (per-seed test metrics where labels are public), "results" (each run's result), "seconds" and, with
-    ensemble=True (needs output_dir), "ensemble": the seeds' averaged outputs scored like one run.
+    "test" (per-seed test metrics where labels are public), "results" (each run's result), "seconds", "reused"
+    and, with ensemble=True (needs output_dir), "ensemble": the seeds' averaged outputs scored like one run.
+    Without output_dir the runs write into a temporary folder, removed after.
     """
     from albert_core.finetune.config import canonical_task
     from albert_core.finetune.finetuning import score_ensemble
@@ -278,24 +260,35 @@ def run_downstream(
     task = canonical_task(task)
     if ensemble and output_dir is None:
         raise ValueError("run_downstream: ensemble=True needs output_dir (the runs' outputs are read from there)")
-    configs = seed_configs(
-        task,
-        checkpoint,
-        data_dir,
-        seeds=default_seeds(task) if seeds is None else seeds,
-        overrides=overrides,
-        output_dir=output_dir,
-    )
     started = time.time()
-    results = run_seeds(configs, num_cpus=num_cpus, num_gpus=num_gpus, progress=progress)
-    scored = None
-    if ensemble:
-        run_dirs = [c.output_dir for c in configs]
-        scored = score_ensemble(configs[0], run_dirs, Path(output_dir) / "ensemble")
-    summary = summarize(results, output_dir, scored)
+    with _folder(output_dir) as folder:
+        configs = seed_configs(
+            task,
+            checkpoint,
+            data_dir,
+            seeds=default_seeds(task) if seeds is None else seeds,
+            overrides=overrides,
+            output_dir=folder,
+        )
+        run = functools.partial(run_trials, num_cpus=num_cpus, num_gpus=num_gpus, progress=progress)
+        outcome = run(configs, folder / TUNE_DIR, address=address)
+        results = [r for r in outcome.results if r is not None]
+        scored = score_ensemble(configs[0], [c.output_dir for c in configs], folder / "ensemble") if ensemble else None
+    summary = summarize(results, output_dir, scored, model=model)
     summary["results"] = results
     summary["seconds"] = time.time() - started
+    summary["reused"] = outcome.reused
     return summary
+
+
+@contextlib.contextmanager
+def _folder(output_dir: str | Path | None) -> Iterator[Path]:
+    """output_dir, or (None) a temporary folder removed after."""
+    if output_dir is not None:
+        yield Path(output_dir)
+        return
+    with tempfile.TemporaryDirectory(prefix="albert-finetune-") as tmp:
+        yield Path(tmp)
 
 
 def downstream_evaluator(

@@ -4,8 +4,8 @@ Classification with any number of classes, or regression, on single texts or tex
 `albert_core.finetune.tasks.custom_splits`. Inputs are `[CLS] A [SEP] (B [SEP])` as for GLUE (`encode_pair`).
 Regression trains on the targets standardized with train's mean and standard deviation (so any scale trains
 alike) and predicts in the targets' own units. Prediction files are CSV, one row per example of the split:
-the id column (or "index", the row's index in its file) and the label column with the predicted class name or
-value.
+the id column (or "index", the row's index in its file), the label column with the predicted class name or value,
+the gold label where the split has one (gold_<label column>), and each class's probability (p_<class>).
 """
 
 from __future__ import annotations
@@ -123,21 +123,44 @@ class CustomData:
         return self._metrics(outputs) if self.splits.test_labelled else {}
 
     def write_predictions(self, outputs: TaskOutputs, out_dir: Path) -> Path:
-        """predictions_<split>.csv: <id column or "index">,<label column> (class names, or values). Every cell is
-        spreadsheet-safe (`spreadsheet_safe`) unless the config says raw_csv (`--raw-csv`)."""
+        """predictions_<split>.csv: <id column or "index">, <label column> (the predicted class name, or value),
+        gold_<label column> (the split's own label, where its table has the label column), then for classification
+        p_<class> for each class (the model's probability, softmax of its logits). Every cell is spreadsheet-safe
+        (`spreadsheet_safe`) unless the config says raw_csv (`--raw-csv`)."""
         config = self.splits.config
         path = Path(out_dir) / f"predictions_{outputs.split}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         values = self.predictions(outputs)
         cell = str if config.raw_csv else spreadsheet_safe
+        examples = self.examples(outputs.split)
+        gold = all(e.label is not None for e in examples)
+        probabilities = None if self.labels is None else _softmax(outputs.arrays["logits"])
+        header = [config.id_column or "index", config.label_column]
+        if gold:
+            header.append(f"gold_{config.label_column}")
+        if self.labels is not None:
+            header += [f"p_{name}" for name in self.labels]
         text = io.StringIO(newline="")
         writer = csv.writer(text)
-        writer.writerow([cell(config.id_column or "index"), cell(config.label_column)])
-        for ident, value in zip(outputs.ids, values, strict=True):
-            label = f"{value:.6g}" if self.is_regression else self.labels[int(value)]
-            writer.writerow([cell(ident), cell(label)])
+        writer.writerow([cell(name) for name in header])
+        for i, (ident, value) in enumerate(zip(outputs.ids, values, strict=True)):
+            row = [ident, self._label_text(value)]
+            if gold:
+                row.append(self._label_text(examples[i].label))
+            if probabilities is not None:
+                row += [f"{p:.6f}" for p in probabilities[i]]
+            writer.writerow([cell(c) for c in row])
         atomic_write_text(path, text.getvalue())
         return path
+
+    def _label_text(self, value) -> str:
+        return f"{value:.6g}" if self.is_regression else self.labels[int(value)]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=1, keepdims=True)
 
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
