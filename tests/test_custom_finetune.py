@@ -358,7 +358,10 @@ def test_sigterm_while_seeds_run_on_the_local_ray_exits_143_with_its_own_line(tm
             run.wait()
     assert run.returncode == 143, out_text[-2000:] + err[-2000:]
     assert "terminated (SIGTERM): 0 of 2 runs finished" in out_text
-    assert "interrupted (Ctrl-C)" not in out_text + err and "Traceback" not in err
+    # The command's own lines; a trial process that the stop cancels may print its interpreter's shutdown noise,
+    # which Ray forwards with its "(_trial pid=N)" tag (seen under load; see the closing note of issue 40)
+    own = "\n".join(line for line in err.splitlines() if "(_trial pid=" not in line)
+    assert "interrupted (Ctrl-C)" not in out_text + own and "Traceback" not in own
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
 
 

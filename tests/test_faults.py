@@ -49,6 +49,7 @@ import torch
 from safetensors.torch import load_file
 
 from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA, example_id
+from albert_core.files import DiskFull
 from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
@@ -66,7 +67,7 @@ from services.train.state import TrainerState, save_train_state
 from tests.ray_clusters import add_loopback_node, descendants, listening_addresses, loopback_cluster, on_loopback
 from tests.runs import run_training
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
-from tests.worker_callbacks import TraceExamples, read_trace
+from tests.worker_callbacks import HoldAfterStep, TraceExamples, read_trace
 
 pytestmark = [pytest.mark.ray]
 
@@ -287,9 +288,10 @@ def kill_a_worker(rng: random.Random) -> Action:
     return action
 
 
-def train_traced(config, trace_dir: Path, faults: list[Fault] = (), **kwargs):
-    """run_training with the example trace on, injecting `faults`; returns (result, trace, injected)."""
-    with installed(TraceExamples(trace_dir)), Injector(trace_dir, list(faults)) as injector:
+def train_traced(config, trace_dir: Path, faults: list[Fault] = (), callbacks=(), **kwargs):
+    """run_training with the example trace (and `callbacks`) on, injecting `faults`; returns (result, trace,
+    injected)."""
+    with installed(TraceExamples(trace_dir), *callbacks), Injector(trace_dir, list(faults)) as injector:
         result = run_training(config, **kwargs)
     if injector.error is not None:
         raise injector.error
@@ -344,7 +346,8 @@ def node_removed(cluster, shards, tmp_path_factory):
 @pytest.fixture(scope="module")
 def coordinated(cluster, shards, tmp_path_factory):
     """A run with its coordinator; the coordinator is SIGKILLed at a random early step, then the evaluator of the
-    step-6 checkpoint while training goes on. Evaluations at steps 6, 12 and 16 (the last checkpoint)."""
+    step-6 checkpoint while training goes on (held after step 6 until the evaluator is killed: a step of this tiny
+    model is shorter than an evaluator's start). Evaluations at steps 6, 12 and 16 (the last checkpoint)."""
     import ray
 
     root = tmp_path_factory.mktemp("coordinated")
@@ -362,13 +365,15 @@ def coordinated(cluster, shards, tmp_path_factory):
         actor = wait_for(lambda: live_actors("IntrinsicEvaluator", starting=True), 120, "an evaluator to start")[0]
         os.kill(actor["Pid"], signal.SIGKILL)
         steps = [r["step"] for r in read_trace(root / "trace")]
+        (root / "evaluator-killed").touch()  # HoldAfterStep lets training go on
         return {"kind": "evaluator_killed", "name": actor["Name"], "training_step": max(steps)}
 
     faults = [
         Fault(cluster.rng.randint(2, 4), kill_coordinator, restarts_workers=False),
         Fault(6, kill_evaluator, restarts_workers=False),
     ]
-    result, trace, injected = train_traced(config, root / "trace", faults, resume=False, coordinator=name)
+    hold = HoldAfterStep(6, root / "evaluator-killed")
+    result, trace, injected = train_traced(config, root / "trace", faults, [hold], resume=False, coordinator=name)
     counts = ray.get(coordinator.wait_for_evals.remote(timeout=300), timeout=330)
     yield config, coordinator, result, trace, injected, counts
     ray.kill(coordinator, no_restart=True)
@@ -721,7 +726,7 @@ def test_a_save_on_a_full_disk_fails_naming_the_checkpoint_and_keeps_the_last_go
     model, optimizer, scheduler = tiny_training_state()
     root = small_tmpfs / "checkpoints"
     good = save_train_state(root / "step_00000001", model, optimizer, scheduler, TrainerState(step=1))
-    with pytest.raises(OSError, match=r"step_00000002: checkpoint not saved.*No space left on device"):
+    with pytest.raises(DiskFull, match=r"step_00000002: disk full .* kept .*step_00000001"):
         save_train_state(root / "step_00000002", model, optimizer, scheduler, TrainerState(step=2))
     assert sorted(p.name for p in root.iterdir()) == ["step_00000001"]  # the partial one is gone
     assert latest_good(root) == good

@@ -417,6 +417,7 @@ def test_finetune_takes_the_recipe_defaults_of_the_checkpoints_run_where_the_com
         raise ValueError("stop here")
 
     monkeypatch.setattr(finetune_cli, "seed_configs", seed_configs)
+    monkeypatch.setattr(finetune_cli, "model_line", lambda *args: "model: (this test's checkpoint has no weights)")
     argv = ["finetune", "--task", "sst2", "--data", str(tmp_path), "--checkpoint", str(run_checkpoint)]
     main([*argv, "--output", str(tmp_path / "out")])
     assert seen[-1] == {"lr": 0.001, "max_steps": 300, "pooling": "mean"}

@@ -7,6 +7,8 @@
   counted). One O_APPEND write per line: lines are whole or absent.
 - `CrashAfterStep(step)`: every worker raises SimulatedCrash right after that step (its checkpoint, if it has one,
   saved), unless the worker started from it (the resume after the crash trains on).
+- `HoldAfterStep(step, flag)`: every worker waits after that step (its checkpoint saved) until the file `flag`
+  exists, at most `timeout` seconds: a test holds training there while it injects a fault beside it.
 
 In a test's own process: `with installed(TraceExamples(d), CrashAfterStep(5)):` around the call that trains. For
 an albert command in another process (a subprocess, a cluster job), `python -m tests.worker_callbacks [--trace DIR]
@@ -43,6 +45,16 @@ class CrashAfterStep(StepCallback):
     def after_step(self, *, step: int, rank: int, started_at: int) -> None:
         if step == self.step and step > started_at:
             raise SimulatedCrash(crash_message(step))
+
+
+class HoldAfterStep(StepCallback):
+    def __init__(self, step: int, flag: str | Path, timeout: float = 120.0):
+        self.step, self.flag, self.timeout = step, Path(flag), timeout
+
+    def after_step(self, *, step: int, rank: int, started_at: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        while step == self.step and not self.flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 class TraceExamples(StepCallback):
