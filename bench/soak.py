@@ -121,9 +121,9 @@ class Driver:
     example trace installed (tests/worker_callbacks.py); a fault that ends it is followed by `start()` again: the
     same command, which resumes. Its console goes to `log`."""
 
-    def __init__(self, recipe: Path, trace: Path, address: str, log: Path):
+    def __init__(self, recipe: Path, trace: Path, address: str, log: Path, step_seconds: float = 0.0):
         args = ["pretrain", "--config", str(recipe), "--address", address, "--no-progress"]
-        self.command = callbacks_command(args, trace=trace)
+        self.command = callbacks_command(args, trace=trace, step_seconds=step_seconds)
         self.log = log
         self.process: subprocess.Popen | None = None
         self.starts = 0
@@ -266,6 +266,12 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=12)
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one)")
     parser.add_argument("--kinds", type=lambda v: v.split(","), default=None, help="only these kinds (debugging)")
+    parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.5,
+        help="the faulted run sleeps this long after each step (its tiny steps would end the run before the faults)",
+    )
     parser.add_argument("--summary", type=Path, default=None, help="write the summary here (JSON)")
     args = parser.parse_args()
 
@@ -286,7 +292,7 @@ def main() -> int:
 
         config = soak_config(work, shards, f"soak-{args.seed}", total_steps, args.eval_every)
         recipe = write_recipe(config, work / "soak.toml")
-        driver = Driver(recipe, work / "trace-soak", cluster.address, work / "soak.log")
+        driver = Driver(recipe, work / "trace-soak", cluster.address, work / "soak.log", args.step_seconds)
         name = coordinator_name(config.run.name)
         injector = soak_faults.Injector(cluster, driver, work / "trace-soak", config.run_dir, name, schedule, rng)
         started = time.monotonic()

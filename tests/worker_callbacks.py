@@ -7,6 +7,8 @@
   counted). One O_APPEND write per line: lines are whole or absent.
 - `CrashAfterStep(step)`: every worker raises SimulatedCrash right after that step (its checkpoint, if it has one,
   saved), unless the worker started from it (the resume after the crash trains on).
+- `PaceSteps(seconds)`: every worker sleeps that long after each step, so that a tiny model's run lasts as long
+  as a fault schedule needs (bench/soak.py).
 - `HoldAfterStep(step, flag)`: every worker waits after that step (its checkpoint saved) until the file `flag`
   exists, at most `timeout` seconds: a test holds training there while it injects a fault beside it.
 
@@ -45,6 +47,14 @@ class CrashAfterStep(StepCallback):
     def after_step(self, *, step: int, rank: int, started_at: int) -> None:
         if step == self.step and step > started_at:
             raise SimulatedCrash(crash_message(step))
+
+
+class PaceSteps(StepCallback):
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def after_step(self, *, step: int, rank: int, started_at: int) -> None:
+        time.sleep(self.seconds)
 
 
 class HoldAfterStep(StepCallback):
@@ -92,11 +102,13 @@ def callbacks_command(
     *,
     trace: Path | None = None,
     crash_after: int | None = None,
+    step_seconds: float = 0.0,
     python: str = sys.executable,
 ) -> list[str]:
     """The command line of `albert ALBERT_ARGS...` with those callbacks installed (this module as the program)."""
     own = ["--trace", str(trace)] if trace is not None else []
     own += ["--crash-after-step", str(crash_after)] if crash_after is not None else []
+    own += ["--step-seconds", str(step_seconds)] if step_seconds else []
     return [python, "-m", "tests.worker_callbacks", *own, *albert_args]
 
 
@@ -104,10 +116,12 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.worker_callbacks", allow_abbrev=False)
     parser.add_argument("--trace", type=Path, help="TraceExamples into this directory")
     parser.add_argument("--crash-after-step", type=int, help="CrashAfterStep at this step")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="PaceSteps: sleep this long after each step")
     parser.add_argument("albert_args", nargs=argparse.REMAINDER, help="albert's command line")
     own = parser.parse_args(argv)
     callbacks: list[StepCallback] = [TraceExamples(own.trace)] if own.trace else []
     callbacks += [CrashAfterStep(own.crash_after_step)] if own.crash_after_step is not None else []
+    callbacks += [PaceSteps(own.step_seconds)] if own.step_seconds else []
     from services.cli import main as albert
 
     repo = str(Path(__file__).resolve().parents[1])
