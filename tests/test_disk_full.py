@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from services.terminal import EXIT_DISK_FULL
 from services.train.state import TrainerState, load_train_state, save_train_state
 from tests.test_disk_space import WORDPIECE, corpus
 from tests.test_train import MODEL, write_heldout
+from tests.tmpfs import small_tmpfs
 
 PAGE = 4096  # tmpfs hands out whole pages
 
@@ -71,15 +71,8 @@ class SmallDisk:
 @pytest.fixture
 def disk(tmp_path):
     """A 4 MB tmpfs (mount needs root: skipped otherwise), unmounted after the test."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (root only: {done.stderr.decode().strip()})")
-    try:
+    with small_tmpfs(tmp_path / "disk", "4m") as mount:
         yield SmallDisk(mount)
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount)], check=True)
 
 
 def one_line(err: pytest.ExceptionInfo, path: Path, kept: str) -> str:

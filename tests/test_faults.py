@@ -67,6 +67,7 @@ from services.train.state import TrainerState, save_train_state
 from tests.ray_clusters import add_loopback_node, descendants, listening_addresses, loopback_cluster, on_loopback
 from tests.runs import run_training
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
+from tests.tmpfs import small_tmpfs as tmpfs
 from tests.worker_callbacks import HoldAfterStep, TraceExamples, read_trace
 
 pytestmark = [pytest.mark.ray]
@@ -708,18 +709,9 @@ def small_tmpfs(tmp_path):
     """A tmpfs sized for one checkpoint and a half (mount needs root: skipped otherwise)."""
     model, optimizer, scheduler = tiny_training_state()
     size = checkpoint_bytes(save_train_state(tmp_path / "probe", model, optimizer, scheduler, TrainerState(step=1)))
-    mount = tmp_path / "disk"
-    mount.mkdir()
     pages = (size * 3 // 2) // 4096 + 1
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={pages * 4096}", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()}); the RLIMIT_FSIZE variant runs")
-    try:
+    with tmpfs(tmp_path / "disk", pages * 4096, "; the RLIMIT_FSIZE variant runs") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_a_save_on_a_full_disk_fails_naming_the_checkpoint_and_keeps_the_last_good_one(small_tmpfs):
