@@ -7,13 +7,15 @@ import pytest
 
 from albert_core.examples.pairs import (
     IGNORE_LABEL,
+    ORDER_STREAM,
     PairConfig,
     PairExample,
     _truncate_pair,
     create_pairs,
-    order_draw,
+    order_draws,
     reorder_pair,
 )
+from tests.test_masking import splitmix64
 
 CLS, SEP = 2, 3
 DOC_STRIDE = 1_000_000  # token id = 10 + doc * DOC_STRIDE + position in the document: the id says where it came from
@@ -291,8 +293,20 @@ def test_reorder_pair_refuses_what_is_not_an_sop_pair():
 
 
 def test_the_order_draw_is_a_fair_coin_per_example_and_epoch():
-    draws = np.array([[order_draw(7, epoch, example) for example in range(2000)] for epoch in range(2)])
+    examples = np.arange(2000) + (7 << 32)  # shard 7's rows
+    draws = np.stack([order_draws(7, epoch, examples) for epoch in range(2)])
+    assert set(np.unique(draws)) == {0, 1}
     assert 0.45 < draws.mean() < 0.55
     assert 0.45 < (draws[0] != draws[1]).mean() < 0.55  # a new order each epoch, not the stored one again
-    assert [order_draw(7, 0, e) for e in range(50)] == draws[0, :50].tolist()  # reproducible
-    assert [order_draw(8, 0, e) for e in range(200)] != draws[0, :200].tolist()
+    assert order_draws(7, 0, examples[::-1][:50]).tolist() == draws[0, ::-1][:50].tolist()  # per example, any order
+    assert 0.45 < (order_draws(8, 0, examples) != draws[0]).mean() < 0.55  # another seed, other orders
+    assert order_draws(7, 3, examples[:64]).tolist() == [order_bit(7, 3, int(e)) for e in examples[:64]]
+
+
+def order_bit(seed: int, epoch: int, example: int) -> int:
+    """The order draw in Python integers: the top bit of SplitMix64 at the example's key + (stream 4, counter 0)."""
+    g, m = 0x9E3779B97F4A7C15, 2**64 - 1
+    key = splitmix64(0xA1BE127A5C0FFEE1 ^ seed)
+    key = splitmix64(((key + g) & m) ^ epoch)
+    key = splitmix64(((key + g) & m) ^ example)
+    return splitmix64((key + ((ORDER_STREAM << 32) + 1) * g) & m) >> 63

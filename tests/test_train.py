@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from albert_core.examples.pairs import order_draw, reorder_pair
+from albert_core.examples.pairs import order_draws, reorder_pair
 from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.modeling import AlbertForPreTraining, compile_backbone
@@ -211,7 +211,7 @@ def test_sop_order_epoch_draws_each_pair_order_per_epoch_and_keeps_the_tokens(ro
     ids = TokenIds(vocab_size=VOCAB)
     for epoch in (0, 1):
         batch = make_micro_batch(rows, seed=5, epoch=epoch, ids=ids, data=data)
-        assert batch["pair_labels"].tolist() == [order_draw(5, epoch, int(e)) for e in rows["example_id"]]
+        assert batch["pair_labels"].tolist() == order_draws(5, epoch, rows["example_id"]).tolist()
         for i, label in enumerate(batch["pair_labels"].tolist()):  # the stored row, its segments swapped or not
             stored = [rows[name][i] for name in ("input_ids", "token_type_ids", "word_starts")]
             want = reorder_pair(*stored, int(rows["pair_label"][i]), label)

@@ -39,7 +39,7 @@ import numpy as np
 from albert_core.examples import draws
 from albert_core.examples.shape import shape_field
 
-MASK_SCHEME = 2  # the masks' definition; 1: numpy PCG64 streams per row (before December 2026)
+MASK_SCHEME = 2  # the masks' definition (and data.sop_order = "epoch"'s draws); 1: numpy PCG64 streams per row
 IGNORE_INDEX = -100
 MASK_FRACTION = 0.8  # of the chosen tokens: replaced by [MASK]
 RANDOM_FRACTION = 0.1  # of the chosen tokens: replaced by a random id (the remaining 10% are kept)

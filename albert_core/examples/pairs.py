@@ -25,6 +25,7 @@ from itertools import chain
 
 import numpy as np
 
+from albert_core.examples import draws
 from albert_core.examples.shape import shape_field, shape_fields, shape_problem
 
 IGNORE_LABEL = -100
@@ -249,13 +250,15 @@ class _PairBuilder:
 # --------------------------------------------------------------------------------------------------
 # SOP with the order drawn anew each epoch
 
-ORDER_STREAM = 1  # the order draw's stream under (seed, epoch, example id), apart from the masks' (masking.py)
+ORDER_STREAM = 4  # the order draw's stream under each example's key (albert_core.examples.draws); masks use 1-3
 
 
-def order_draw(seed: int, epoch: int, example_id: int) -> int:
-    """1 (swapped) or 0 for one SOP example in one epoch: independent of batch, worker, order and the masks."""
-    sequence = np.random.SeedSequence(int(seed), spawn_key=(int(epoch), int(example_id), ORDER_STREAM))
-    return int(np.random.Generator(np.random.PCG64(sequence)).integers(0, 2))
+def order_draws(seed: int, epochs: np.ndarray | int, example_ids: np.ndarray) -> np.ndarray:
+    """1 (swapped) or 0 for each SOP example in its epoch (int64, one per example id): the top bit of draw 0 of its
+    own stream under the example's key, so independent of batch, worker, order and of the masks' draws, and the
+    same under any numpy (part of mask scheme 2: albert_core.examples.masking.MASK_SCHEME)."""
+    keys = draws.example_keys(seed, np.asarray(epochs), np.asarray(example_ids))
+    return (draws.draws(keys, ORDER_STREAM, np.zeros_like(keys)) >> np.uint64(63)).astype(np.int64)
 
 
 def reorder_pair(

@@ -21,7 +21,7 @@ import torch
 from albert_core.evaluation.unigram import UnigramBaseline
 from albert_core.examples.batch import mlm_batches
 from albert_core.examples.masking import IGNORE_INDEX
-from albert_core.examples.pairs import order_draw, reorder_pair
+from albert_core.examples.pairs import order_draws, reorder_pair
 from albert_core.model.config import AlbertConfig
 from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer, make_scheduler
@@ -98,12 +98,12 @@ def check_shard_rows(rows: dict[str, np.ndarray], ids: TokenIds, data: DataSecti
 def redraw_orders(rows: dict[str, np.ndarray], *, seed: int, epoch: int | np.ndarray) -> dict[str, np.ndarray]:
     """data.sop_order = "epoch": each SOP row in the order drawn for it in this epoch (albert_core.examples.pairs)."""
     epochs = np.broadcast_to(np.asarray(epoch, dtype=np.int64), (len(rows["input_ids"]),))
+    swapped = order_draws(seed, epochs, np.asarray(rows["example_id"], dtype=np.int64))
     columns = ("input_ids", "token_type_ids", "word_starts", "pair_label")
     out = {name: np.empty(len(epochs), dtype=object) for name in columns}
-    for i, example in enumerate(rows["example_id"]):
-        swapped = order_draw(seed, int(epochs[i]), int(example))
+    for i in range(len(epochs)):
         stored = [rows[name][i] for name in columns[:3]]
-        values = reorder_pair(*(np.asarray(v) for v in stored), int(rows["pair_label"][i]), swapped)
+        values = reorder_pair(*(np.asarray(v) for v in stored), int(rows["pair_label"][i]), int(swapped[i]))
         for name, value in zip(columns, values, strict=True):
             out[name][i] = value
     out["pair_label"] = out["pair_label"].astype(np.int64)
