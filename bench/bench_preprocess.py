@@ -23,6 +23,7 @@ sums them over the units of
 With `--out` it writes the rates, ratios and phases as JSON (reports/preprocess-profile-*.json).
 
     python bench/bench_preprocess.py [--num-cpus 2] [--shard-mb 1] [--rounds 2] [--out reports/x.json]
+    python bench/bench_preprocess.py --inputs .cache/albert/scale/corpus.jsonl --shard-mb 16 --rounds 1  # a big file
 """
 
 from __future__ import annotations
@@ -227,6 +228,12 @@ def print_phases(result: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=CACHE / "sample-corpus")
+    parser.add_argument(
+        "--inputs",
+        nargs="+",
+        help="measure on these files instead (e.g. bench_scale's corpus.jsonl); the tokenizer "
+        "is still the sample corpus's",
+    )
     parser.add_argument("--tokenizer", type=Path, default=CACHE / "sample-tokenizer")
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--shard-mb", type=float, default=1.0, help="input MB per shard (units of work)")
@@ -237,6 +244,7 @@ def main() -> None:
 
     inputs = sample_inputs(args.corpus)
     model = sample_tokenizer(args.tokenizer, inputs)
+    inputs = args.inputs or inputs
     tokenizer = Tokenizer.load(model)
     texts = [r.text for r in read_documents(inputs) if isinstance(r, Document)]
     print(f"corpus: {len(texts)} documents, {sum(map(len, texts)) / 1e6:.1f} M characters; tokenizer {tokenizer}")
@@ -253,7 +261,8 @@ def main() -> None:
     result = summarize(runs)
     print_phases(result)
     if args.out:
-        head = {"corpus": {"documents": len(texts), "characters": sum(map(len, texts))}, "tokenizer": str(tokenizer)}
+        head = {"inputs": inputs, "corpus": {"documents": len(texts), "characters": sum(map(len, texts))}}
+        head["tokenizer"] = str(tokenizer)
         head.update(num_cpus=args.num_cpus, shard_mb=args.shard_mb, rounds=args.rounds)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({**head, **result}, indent=2) + "\n")
