@@ -243,7 +243,10 @@ def _sweep_from_cli(args: Namespace, task: str, grid: Grid, seed_values: list[in
     sweep.print_table(table, best, reused, len(configs), output)
     scored = None
     if args.ensemble:
-        best_dirs = [c.output_dir for c, (i, _) in zip(configs, where, strict=True) if i == best.index]
+        done = {r["seed"] for r in results}  # the best point's seeds that finished (--early-stop may stop some)
+        best_dirs = [
+            c.output_dir for c, (i, seed) in zip(configs, where, strict=True) if i == best.index and seed in done
+        ]
         scored = score_ensemble(configs[best.index * len(seed_values)], best_dirs, output / "ensemble")
     return summarize(results, output, scored, point=best.point, model=model) | {"results": results}
 

@@ -39,7 +39,8 @@ POINTS_DIR = "points"
 
 @dataclass
 class PointScores:
-    """One point's seeds and their primary dev scores (None: the seed was stopped early by --early-stop)."""
+    """One point's seeds and their primary dev scores (None: the seed was stopped early by --early-stop). Its median
+    and IQR are over the seeds that finished: all of them, unless --early-stop stopped some."""
 
     index: int
     point: dict[str, Any]
@@ -47,26 +48,31 @@ class PointScores:
     scores: list[float | None]
 
     @property
+    def finished(self) -> list[float]:
+        return [s for s in self.scores if s is not None]
+
+    @property
     def complete(self) -> bool:
-        return all(s is not None for s in self.scores)
+        return len(self.finished) == len(self.scores)
 
     @property
     def median(self) -> float | None:
-        return float(np.median(self.scores)) if self.complete else None
+        return float(np.median(self.finished)) if self.finished else None
 
     @property
     def iqr(self) -> float | None:
-        if not self.complete:
+        if not self.finished:
             return None
-        return float(np.percentile(self.scores, 75) - np.percentile(self.scores, 25))
+        return float(np.percentile(self.finished, 75) - np.percentile(self.finished, 25))
 
 
 def best_point(rows: Sequence[PointScores]) -> PointScores:
-    """The point of the highest median over its seeds (all seeds finished); the first such on a tie."""
-    complete = [r for r in rows if r.complete]
-    if not complete:
-        raise RuntimeError("albert finetune --search: no point finished all its seeds (all were stopped early)")
-    return max(complete, key=lambda r: (_finite(r.median), -r.index))
+    """The point of the highest median over its finished seeds; the first such on a tie. Without --early-stop every
+    seed finishes; with it, ASHA stops runs one by one (not points), so a point's median may cover fewer seeds."""
+    scored = [r for r in rows if r.finished]
+    if not scored:
+        raise RuntimeError("albert finetune --search: no run finished (every one was stopped early)")
+    return max(scored, key=lambda r: (_finite(r.median), -r.index))
 
 
 def _finite(value: float | None) -> float:
@@ -163,7 +169,10 @@ def write_table(rows: Sequence[PointScores], best: PointScores, task: str, metri
     head = ["point", *fields, f"median {metric}", "IQR", *(f"seed {s}" for s in seeds)]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
-        cells = [str(r.index), *map(str, r.point.values()), _shown(r.median, scale), _shown(r.iqr, scale)]
+        median = _shown(r.median, scale) + (
+            "" if r.complete or not r.finished else f" ({len(r.finished)} of {len(r.scores)})"
+        )
+        cells = [str(r.index), *map(str, r.point.values()), median, _shown(r.iqr, scale)]
         cells += [_shown(s, scale, "stopped") for s in r.scores]
         if r is best:
             cells = [f"**{c}**" for c in cells]
@@ -187,7 +196,13 @@ def _shown(value: float | None, scale: float, none: str = "") -> str:
 def print_table(table: str, best: PointScores, reused: int, total: int, output: Path) -> None:
     print()
     print(printable(table))
-    print(f"best point: {point_label(best.point)} (median {best.median:.4f} over seeds {best.seeds})")
+    seeds = [seed for seed, score in zip(best.seeds, best.scores, strict=True) if score is not None]
+    print(f"best point: {point_label(best.point)} (median {best.median:.4f} over seeds {seeds})")
+    if not best.complete:
+        print(
+            f"--early-stop stopped {len(best.seeds) - len(seeds)} of its {len(best.seeds)} seeds: for the median of "
+            "every seed, run that point alone (without --search)"
+        )
     if reused:
         print(reused_line(reused, total))
     print(f"wrote {output / 'results.csv'} and {output / 'results.md'}")

@@ -73,8 +73,11 @@ def _trial(params: dict[str, Any], configs: Sequence[FinetuneConfig], num_thread
     if config.output_dir is not None:  # a run restarted after a stop: its earlier result is not this run's
         (Path(config.output_dir) / RESULT_FILE).unlink(missing_ok=True)
     torch.set_num_threads(max(1, num_threads))
+    last = config.hyperparams().train_steps
 
     def report(step: int, value: float) -> None:
+        if step >= last:  # ASHA would stop the run at its last evaluation, before it writes its result
+            return
         finite = value == value and abs(value) != float("inf")
         tune.report({"step": step, SCORE: float(value) if finite else LOW_SCORE})
 
