@@ -254,6 +254,44 @@ def test_a_plain_run_again_reuses_its_runs_and_with_other_settings_starts_afresh
     assert [row["acc"] for row in summary["per_seed"]] == [r["dev"]["acc"] for r in other]
 
 
+def trial_processes() -> list[int]:
+    """The pids of Tune's trial actors on this machine (their process title: ray::ImplicitFunc...)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().startswith(b"ray::ImplicitFunc"):
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # ended meanwhile
+            continue
+    return pids
+
+
+def test_a_run_whose_process_dies_runs_again_from_its_start_in_the_same_command(ray_local, tmp_path, tok_dir, sst2):
+    """As when the node running it is lost: the trial's process is SIGKILLed half way; Tune runs it again (its
+    FailureConfig), and the command ends with every run's result."""
+    out = tmp_path / "out"
+    argv = finetune_argv(tok_dir, sst2, out, "--search", "max-steps=60,61", "--eval-every", "10", "--seeds", "1")
+    logs = [out / "points" / f"point_0{i}" / "seed_12345" / "metrics.jsonl" for i in (0, 1)]
+    killed: list[tuple[float, list[int]]] = []
+
+    def kill_the_trials_half_way():
+        deadline = time.time() + 120
+        while not all(log.is_file() and log.read_text() for log in logs) and time.time() < deadline:
+            time.sleep(0.05)
+        pids = trial_processes()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        killed.append((time.time(), pids))
+
+    threading.Thread(target=kill_the_trials_half_way, daemon=True).start()
+    assert main(argv) == 0
+    ((when, pids),) = killed
+    assert pids, "no trial process was found to kill"
+    for point in (0, 1):
+        result = json.loads((out / "points" / f"point_0{point}" / "seed_12345" / "result.json").read_text())
+        assert result["steps"] == 60 + point and result["started"] > when  # run again, from its start, to its end
+
+
 def test_resuming_into_a_folder_of_another_sweep_is_refused(sweep, tok_dir, sst2, capsys):  # noqa: F811
     out, _ = sweep
     status = main(finetune_argv(tok_dir, sst2, out, "--search", "lr=1e-3,2e-3", "--seeds", "2", "--ensemble", *SHORT))

@@ -7,6 +7,10 @@ resources (`tune.with_resources`: num_cpus, num_gpus; torch limited to that many
 metric at each dev evaluation (what `--early-stop asha` stops on). A run's files are its config's output_dir
 (result.json when it finished); Tune's own state is the experiment directory `storage` (<output>/tune).
 
+A run whose process dies while the command runs (its node lost, the process killed) runs again from its start, up to
+TRIAL_RETRIES times (Tune's FailureConfig); a run that fails by itself (an error of its own) is also tried TRIAL_RETRIES
+more times before the command names it.
+
 Resume: when `storage` holds an experiment Tune can restore (a Ctrl-C, a SIGTERM, a lost node or driver) of the same
 runs (their configs, recorded in RUNS_FILE; state of other runs is removed and they start anew), the trials are
 restored (`Tuner.restore`, unfinished and errored trials run again, finished ones kept) and the outcome
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from albert_core.finetune.config import FinetuneConfig
 
 TUNE_DIR = "tune"  # Tune's experiment directory in a command's output folder
+TRIAL_RETRIES = 2  # a run whose process dies (its node lost, killed) runs again from its start, up to this often
 RUNS_FILE = "albert_runs.json"  # in TUNE_DIR: the runs' configs; Tune's state is restored only for the same ones
 RESULT_FILE = "result.json"  # what albert_core.finetune.finetuning.finetune writes last, in a run's output_dir
 EARLY_STOPS = ("asha",)
@@ -195,6 +200,7 @@ def _tuner(configs, storage: Path, *, num_cpus: float, num_gpus: float, progress
         name=storage.name,
         verbose=0,
         callbacks=[_console_callback(labels, configs, progress)],
+        failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
     )
     space = {"trial": tune.grid_search(list(range(len(configs))))}
     return tune.Tuner(trainable, param_space=space, tune_config=tune_config, run_config=run_config), False
