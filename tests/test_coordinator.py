@@ -418,7 +418,10 @@ def test_a_checkpoint_the_restarted_coordinator_indexed_from_disk_is_evaluated_o
     path = run.checkpoint(100)
     restart(run.actor)
     assert [line["step"] for line in events(run.dir, "checkpoint_reindexed")] == [100]
-    assert run.call("status")["evals"]["pending"] == [100]
+    deadline = time.monotonic() + 30  # the schedule's thread looks at the run on its own (at start, then every 2 s)
+    while (pending := run.call("status")["evals"]["pending"]) != [100] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pending == [100]
     run.call("report", 110, {"loss": 1.5})  # training goes on: the evaluation may run
     assert run.call("checkpoint_saved", 100, path)["accepted"]
     assert run.call("wait_for_evals", 120) == counts(done=1)

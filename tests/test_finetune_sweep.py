@@ -267,29 +267,38 @@ def trial_processes() -> list[int]:
 
 
 def test_a_run_whose_process_dies_runs_again_from_its_start_in_the_same_command(ray_local, tmp_path, tok_dir, sst2):
-    """As when the node running it is lost: the trial's process is SIGKILLed half way; Tune runs it again (its
-    FailureConfig), and the command ends with every run's result."""
+    """As when the node running it is lost: the trial processes are SIGKILLed while a run is half way; Tune runs the
+    runs in flight again (its FailureConfig), and the command ends with every run's result."""
     out = tmp_path / "out"
     argv = finetune_argv(tok_dir, sst2, out, "--search", "max-steps=60,61", "--eval-every", "10", "--seeds", "1")
-    logs = [out / "points" / f"point_0{i}" / "seed_12345" / "metrics.jsonl" for i in (0, 1)]
-    killed: list[tuple[float, list[int]]] = []
+    runs = [out / "points" / f"point_0{i}" / "seed_12345" for i in (0, 1)]
+    killed: list[tuple[float, list[int], list[int]]] = []
+
+    def in_flight() -> list[int]:  # the runs that have logged an evaluation and not finished
+        def going(run: Path) -> bool:
+            log = run / "metrics.jsonl"
+            return log.is_file() and bool(log.read_text()) and not (run / "result.json").is_file()
+
+        return [i for i, run in enumerate(runs) if going(run)]
 
     def kill_the_trials_half_way():
         deadline = time.time() + 120
-        while not all(log.is_file() and log.read_text() for log in logs) and time.time() < deadline:
-            time.sleep(0.05)
-        pids = trial_processes()
+        while not in_flight() and time.time() < deadline:
+            time.sleep(0.02)
+        going, pids = in_flight(), trial_processes()
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        killed.append((time.time(), pids))
+        killed.append((time.time(), pids, going))
 
     threading.Thread(target=kill_the_trials_half_way, daemon=True).start()
     assert main(argv) == 0
-    ((when, pids),) = killed
-    assert pids, "no trial process was found to kill"
-    for point in (0, 1):
-        result = json.loads((out / "points" / f"point_0{point}" / "seed_12345" / "result.json").read_text())
-        assert result["steps"] == 60 + point and result["started"] > when  # run again, from its start, to its end
+    ((when, pids, going),) = killed
+    assert pids and going, "no run was in flight to kill"
+    for point, run in enumerate(runs):
+        result = json.loads((run / "result.json").read_text())
+        assert result["steps"] == 60 + point  # every run to its end
+        if point in going:
+            assert result["started"] > when  # run again, from its start
 
 
 def test_resuming_into_a_folder_of_another_sweep_is_refused(sweep, tok_dir, sst2, capsys):  # noqa: F811
