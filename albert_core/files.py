@@ -10,11 +10,12 @@ the disk fills). `check_space` takes the free bytes as a number, so both outcome
 
 A full disk while writing (issue 39 item 1): every writer of a run and of preprocessing writes through
 `atomic_write_bytes` (a temporary file in the same directory, fsync, rename: readers see the old file or the new
-one), `append_line` (one whole line or none: a line the disk cannot take is cut back off) or `disk_full_as` (around a
-writer of its own that leaves only a temporary file behind, removed on error: a checkpoint directory, a Parquet
-shard). On ENOSPC or EDQUOT each raises DiskFull, one line: the path, the bytes it needed, the bytes free there and
-what was kept. The commands print it and exit EXIT_DISK_FULL (services.terminal); after space is freed the same
-command resumes from what was kept.
+one), `append_line` (one whole line or none: a line the disk cannot take is cut back off), `replacing` (a writer of
+its own writes a partial file that then replaces the target: model weights, Parquet, numpy) or `disk_full_as` (around
+a writer of its own that leaves only a temporary file behind, removed on error: a checkpoint directory, a shard).
+On ENOSPC or EDQUOT each raises DiskFull, one line: the path, the bytes it needed, the bytes free there and what
+was kept. The commands print it and exit EXIT_DISK_FULL (services.terminal); after space is freed the same command
+resumes from what was kept.
 
 Used by model checkpoints, training checkpoints and the coordinator (which runs without importing torch).
 """
@@ -303,6 +304,22 @@ def disk_full_line(path: str | Path, needed: int, kept: str) -> str:
     free = free_bytes(path)
     there = "" if free is None else f", {size(free)} free"
     return f"{path}: disk full ({size(needed)} to write{there}); kept {kept}; free space and run the same command again"
+
+
+@contextlib.contextmanager
+def replacing(
+    path: str | Path, partial: str | Path, needed: int | Callable[[], int], kept: str | Callable[[], str]
+) -> Iterator[Path]:
+    """For a writer of its own (Parquet, numpy): the block writes `partial`, which then replaces `path`. On any error
+    `partial` is removed and `path` stays as it was; a full disk is DiskFull naming `path` (disk_full_as)."""
+    partial = Path(partial)
+    with disk_full_as(path, needed, kept):
+        try:
+            yield partial
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, path)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from albert_core.files import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, atomic_write_bytes, disk_full_as
+from albert_core.files import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, atomic_write_bytes, replacing
 from albert_core.model.config import AlbertConfig, ConfigError
 from albert_core.model.interop import from_hf
 from albert_core.model.modeling import AlbertForPreTraining, AlbertModel
@@ -66,12 +66,8 @@ def save_model(directory: str | Path, model: nn.Module) -> Path:
     os.close(fd)
     weights = directory / WEIGHTS_FILE
     kept = "the previous weights, unchanged" if weights.exists() else "no weights (the file was not created)"
-    try:
-        with disk_full_as(weights, sum(t.numel() * t.element_size() for t in state.values()), kept):
-            save_file(state, tmp, metadata={"format": "albert"})
-            os.replace(tmp, weights)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with replacing(weights, tmp, sum(t.numel() * t.element_size() for t in state.values()), kept):
+        save_file(state, tmp, metadata={"format": "albert"})
     atomic_write_bytes(directory / CONFIG_FILE, (config.to_json() + "\n").encode())
     return directory
 

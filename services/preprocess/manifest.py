@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ import numpy as np
 
 from albert_core.evaluation.unigram import UnigramBaseline, count_pieces, part_unigram_file, version_unigram_file
 from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
-from albert_core.files import disk_full_as, file_lock, file_sha256
+from albert_core.files import file_lock, file_sha256, replacing
 from services.preprocess.config import Unit
 from services.preprocess.layout import write_json_atomic
 from services.preprocess.unit import MAX_SKIP_EXAMPLES
@@ -259,11 +258,6 @@ def _save_counts(root: Path, name: str, counts: UnigramBaseline) -> dict[str, st
     path = root / name
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
-    with disk_full_as(path, counts.counts.size * 8, "manifest.json as it was, and the finished units"):
-        try:
-            counts.save_as(partial)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        os.replace(partial, path)
+    with replacing(path, partial, counts.counts.size * 8, "manifest.json as it was, and the finished units"):
+        counts.save_as(partial)
     return {"file": name, "sha256": file_sha256(path)}

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -47,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from albert_core.examples.shards import HELDOUT_SCHEMA, PARQUET_WRITE_OPTIONS
-from albert_core.files import DiskFull, disk_full_as, file_sha256
+from albert_core.files import DiskFull, file_sha256, replacing
 from albert_core.text.records import CorpusError, Skip
 from albert_core.text.regions import STREAM_EXPANSION, stream_chunks
 from albert_core.text.tokenization import AnyTokenizer
@@ -255,14 +254,11 @@ def _merge_heldout(layout: Layout, units: list[int]) -> str:
     partial = layout.partial(layout.heldout)
     parts = [layout.heldout_part(Unit(index, ())) for index in units]
     needed = sum(p.stat().st_size for p in parts)  # about: the parts are merged as they are
-    with disk_full_as(layout.heldout, needed, functools.partial(kept_units, layout)):
-        try:
-            with pq.ParquetWriter(partial, HELDOUT_SCHEMA, **PARQUET_WRITE_OPTIONS) as writer:
-                for part in parts:
-                    for batch in pq.ParquetFile(part).iter_batches(batch_size=1024):
-                        writer.write_table(pa.Table.from_batches([batch], schema=HELDOUT_SCHEMA))
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        os.replace(partial, layout.heldout)
+    with (
+        replacing(layout.heldout, partial, needed, functools.partial(kept_units, layout)),
+        pq.ParquetWriter(partial, HELDOUT_SCHEMA, **PARQUET_WRITE_OPTIONS) as writer,
+    ):
+        for part in parts:
+            for batch in pq.ParquetFile(part).iter_batches(batch_size=1024):
+                writer.write_table(pa.Table.from_batches([batch], schema=HELDOUT_SCHEMA))
     return file_sha256(layout.heldout)
