@@ -1,5 +1,6 @@
 """Where one part of a shard set goes on disk while it is made: shards, progress markers, partial files, the
-held-out part and the plan; and the atomic JSON write every marker uses.
+held-out part and the plan; and what a run that met a full disk keeps (`kept_units`). Markers, the plan and the
+manifest are written with albert_core.files.atomic_write_json.
 
     <output>/train/shard-XXXXX.parquet               every part's shards
     <output>/.progress/[part-k/]plan.json           the plan a part's run claimed (its fingerprint)
@@ -15,7 +16,6 @@ import posixpath
 from pathlib import Path
 
 from albert_core.examples.shards import HELDOUT_FILE, MANIFEST_FILE, TRAIN_DIR
-from albert_core.files import atomic_write_json
 from services.preprocess.config import Unit
 
 PROGRESS_DIR = ".progress"  # plan.json, done markers, partial files
@@ -68,12 +68,6 @@ class Layout:
 
     def partial(self, path: Path) -> Path:
         return self.progress / f"{path.name}.partial"
-
-
-def write_json_atomic(path: Path, data: dict, kept: str | None = None) -> None:
-    """albert_core.files.atomic_write_json: the old file or the new one, never half of one (DiskFull on a full
-    disk, its line saying `kept`)."""
-    atomic_write_json(path, data, kept)
 
 
 def kept_units(layout: Layout) -> str:

@@ -35,9 +35,8 @@ import numpy as np
 
 from albert_core.evaluation.unigram import UnigramBaseline, count_pieces, part_unigram_file, version_unigram_file
 from albert_core.examples.shards import EXAMPLE_SCHEMA, MANIFEST_FILE, TRAIN_DIR
-from albert_core.files import file_lock, file_sha256, replacing
+from albert_core.files import atomic_write_json, file_lock, file_sha256, replacing
 from services.preprocess.config import Unit
-from services.preprocess.layout import write_json_atomic
 from services.preprocess.unit import MAX_SKIP_EXAMPLES
 
 if TYPE_CHECKING:
@@ -231,7 +230,7 @@ def commit_part(
         version = sum_counts([_part_counts(root, k, part, tokenizer) for k, part in enumerate(parts)], tokenizer)
         manifest["unigram"] = _save_counts(root, version_unigram_file(len(parts)), version)
         manifest["timings"] = timings
-        write_json_atomic(root / MANIFEST_FILE, manifest, "manifest.json as it was, and the finished units")
+        atomic_write_json(root / MANIFEST_FILE, manifest, "manifest.json as it was, and the finished units")
     return manifest
 
 

@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass
 import fsspec
 
 from albert_core.examples.shards import MANIFEST_FILE, TRAIN_DIR
-from albert_core.files import HeldLock
+from albert_core.files import HeldLock, atomic_write_json
 from albert_core.text.corpus import Region, list_inputs
 from albert_core.text.regions import is_index, plan_file
 from albert_core.text.tokenization import AnyTokenizer
 from services.preprocess.checks import EXPECTED_INPUT, MISSING_HINT, check_output, check_tokenizer, missing_input
 from services.preprocess.config import STREAM_UNITS, InputFile, PreprocessConfig, StreamInput, Unit
-from services.preprocess.layout import PLAN_FILE, PROGRESS_DIR, Layout, write_json_atomic
+from services.preprocess.layout import PLAN_FILE, PROGRESS_DIR, Layout
 
 # What decides the examples beyond the options: 3 = documents identified by the sha256 of their text (held-out
 # choice, pair draws), big files cut into regions. A .progress/ of another version is not resumed.
@@ -174,7 +174,7 @@ def _claim(layout: Layout, config: PreprocessConfig, fingerprint: str, plan: Pla
             "units": len(plan.units),
             "streams": len(plan.streams),
         }
-        write_json_atomic(layout.plan, plan)
+        atomic_write_json(layout.plan, plan)
     for stale in layout.progress.glob("*.partial"):  # left by an interrupted run
         stale.unlink()
 

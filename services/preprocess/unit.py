@@ -35,13 +35,13 @@ import pyarrow.parquet as pq
 from albert_core.evaluation.unigram import UnigramBaseline
 from albert_core.examples.pairs import create_pairs
 from albert_core.examples.shards import EXAMPLE_SCHEMA, HELDOUT_SCHEMA, PARQUET_WRITE_OPTIONS, document_hash, example_id
-from albert_core.files import DiskFull, disk_full_as, file_sha256
+from albert_core.files import DiskFull, atomic_write_json, disk_full_as, file_sha256
 from albert_core.text.corpus import read_documents, read_region
 from albert_core.text.records import CorpusError, Document, Skip
 from albert_core.text.sentences import split_sentences
 from albert_core.text.tokenization import AnyTokenizer, Tokenizer, preprocess_sentences
 from services.preprocess.config import PreprocessConfig, Unit
-from services.preprocess.layout import Layout, kept_units, write_json_atomic
+from services.preprocess.layout import Layout, kept_units
 from services.preprocess.space import unit_bytes
 
 MAX_SKIP_EXAMPLES = 10  # skip details kept per file in the manifest
@@ -350,7 +350,7 @@ def _write_unit(
     clock.lap("commit")
     summary["cpu_phases"] = clock.rounded()  # the marker's own writing is the one thing not counted
     try:
-        write_json_atomic(layout.marker(unit), summary, kept_units(layout))
+        atomic_write_json(layout.marker(unit), summary, kept_units(layout))
     except DiskFull:  # the unit is not committed: its files go, so that the space they took is free again
         for path in outputs:
             path.unlink(missing_ok=True)
