@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from albert_core.files import atomic_write_json, atomic_write_text
-from services.finetune.search import SEARCHABLE, Grid, check_size, parse_search
+from services.finetune.search import SEARCHABLE, Grid, check_size, parse_search, searchable
 from services.finetune.seeds import (
     BASE_SEED,
     TASKS,
@@ -100,8 +100,7 @@ def _task_data(args: Namespace, task: str, overrides: dict[str, Any], output: Pa
 
 def _cli_overrides(args: Namespace) -> tuple[dict[str, Any], RecipeDefaults | None]:
     """The command's run settings, and the [finetune] defaults of a --preset that names a recipe."""
-    flags = ("lr", "batch_size", "max_seq_length", "optimizer", "max_steps", "eval_every", "patience")
-    flags += ("micro_batch_size", "tokenizer", "device", "precision", "pooling")
+    flags = (*SEARCHABLE, "tokenizer", "device")  # a run's settings, and where it reads and runs
     overrides: dict[str, Any] = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     if args.save_model:
         overrides["save_model"] = True
@@ -174,14 +173,23 @@ def _grid(args: Namespace, seeds: int) -> Grid | None:
     return grid
 
 
-def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], output: Path) -> dict[str, Any]:
-    from albert_core.finetune.finetuning import finetune
-
+def _settings(
+    args: Namespace, task: str, output: Path, searched: Sequence[str] = ()
+) -> tuple[dict[str, Any], str, str]:
+    """What every run of the command shares, said as it is settled: the run settings (the command line's, then the
+    recipe's [finetune] defaults for the rest), the task's data (a custom table read and checked), the model line."""
     overrides, defaults = _cli_overrides(args)
-    _apply_recipe_defaults(defaults, overrides)
+    _apply_recipe_defaults(defaults, overrides, searched)
     data = _task_data(args, task, overrides, output)
     model = model_line(args.checkpoint, overrides.get("model"), args.preset)
     print(printable(model))
+    return overrides, data, model
+
+
+def _finetune_from_cli(args: Namespace, task: str, seed_values: list[int], output: Path) -> dict[str, Any]:
+    from albert_core.finetune.finetuning import finetune
+
+    overrides, data, model = _settings(args, task, output)
     configs = seed_configs(task, args.checkpoint, data, seeds=seed_values, overrides=overrides, output_dir=output)
     configs[0].tokenizer_path()  # a missing or mismatched tokenizer is an error now, not in every run
     if len(configs) == 1 and not args.ensemble:  # one run: in this process, with a step progress bar
@@ -212,11 +220,7 @@ def _sweep_from_cli(args: Namespace, task: str, grid: Grid, seed_values: list[in
     from albert_core.finetune.finetuning import score_ensemble
     from services.finetune import sweep
 
-    overrides, defaults = _cli_overrides(args)
-    _apply_recipe_defaults(defaults, overrides, searched=list(grid.values))
-    data = _task_data(args, task, overrides, output)
-    model = model_line(args.checkpoint, overrides.get("model"), args.preset)
-    print(printable(model))
+    overrides, data, model = _settings(args, task, output, searched=list(grid.values))
 
     def make(point: dict[str, Any], point_output: Path):
         merged = overrides | point
@@ -337,8 +341,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="append",
         metavar="FIELD=V1,V2,...",
         help="a sweep: every combination of the searched values x --seeds runs as Ray Tune trials, the best point "
-        "by the median dev score (results.csv, results.md); repeatable; FIELD: "
-        + ", ".join(f.replace("_", "-") for f in SEARCHABLE),
+        "by the median dev score (results.csv, results.md); repeatable; FIELD: " + searchable(),
     )
     parser.add_argument(
         "--early-stop", choices=EARLY_STOPS, help="with --search: stop weak runs at the dev evaluations (ASHA)"

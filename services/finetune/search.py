@@ -60,9 +60,9 @@ def parse_search(specs: Sequence[str], options: Mapping[str, argparse.Action], g
         if not sep or not field:
             raise UsageError(f"{where}: expected FIELD=V1,V2,... (for example lr=1e-5,2e-5)")
         if field not in options:
-            raise UsageError(f"{where}: albert finetune has no option {flag(field)}; it searches {_searchable()}")
+            raise UsageError(f"{where}: albert finetune has no option {flag(field)}; it searches {searchable()}")
         if field not in SEARCHABLE:
-            raise UsageError(f"{where}: {flag(field)} is not a setting of one run; --search takes {_searchable()}")
+            raise UsageError(f"{where}: {flag(field)} is not a setting of one run; --search takes {searchable()}")
         if field in values:
             raise UsageError(f"{where}: {flag(field)} is searched twice; give its values in one list")
         if given.get(field) is not None:
@@ -104,5 +104,6 @@ def check_size(grid: Grid, seeds: int) -> None:
         )
 
 
-def _searchable() -> str:
+def searchable() -> str:
+    """The searchable options by their flag names: "lr, batch-size, ..."."""
     return ", ".join(f.replace("_", "-") for f in SEARCHABLE)

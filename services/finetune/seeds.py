@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from albert_core.files import atomic_write_json, atomic_write_text
+from services.finetune.search import point_label
 from services.finetune.trials import TUNE_DIR, run_trials
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ def summarize(
     if output_dir is not None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        at = "" if point is None else ", best point " + " ".join(f"{k}={v}" for k, v in point.items())
+        at = "" if point is None else f", best point {point_label(point)}"
         text = f"# {summary['task']}: dev, {summary['runs']} runs{at}\n\n{summary['table']}\n"
         text += "".join(f"\n{line}\n" for line in (summary.get("model"), summary["settings"]) if line)
         if ensemble is not None:

@@ -27,7 +27,7 @@ import shutil
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,13 +56,11 @@ class SeedsInterrupted(KeyboardInterrupt):
 
 @dataclass
 class TrialsOutcome:
-    """What the trials left: `results[i]` is config i's result (None where it did not finish: `stopped` holds the
-    indices --early-stop ended), `reused` how many finished results a resume took from an earlier start."""
+    """What the trials left: `results[i]` is config i's result (None where it did not finish: --early-stop ended
+    it), `reused` how many finished results a resume took from an earlier start."""
 
     results: list[dict[str, Any] | None]
     reused: int = 0
-    stopped: list[int] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 def _trial(params: dict[str, Any], configs: Sequence[FinetuneConfig], num_threads: int, cwd: str) -> None:
@@ -239,7 +237,6 @@ def run_trials(
         grid = tuner.fit()
     results = [finished_result(c) for c in configs]
     reused = sum(r is not None and r.get("started", started) < started for r in results) if restored else 0
-    outcome = TrialsOutcome(results, reused=reused, seconds=time.time() - started)
     for result in grid:
         if result.error is not None:
             index = result.config["trial"]
@@ -251,8 +248,7 @@ def run_trials(
 
             raise interrupt from Terminated("terminated (SIGTERM)")
         raise interrupt
-    outcome.stopped = [i for i, r in enumerate(results) if r is None]
-    return outcome
+    return TrialsOutcome(results, reused=reused)
 
 
 def _quiet_tune() -> None:
