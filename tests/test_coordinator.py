@@ -8,6 +8,7 @@ save_train_state), a real held-out Parquet file. No training.
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
+from ray._private.state import actors
 
 from albert_core.examples.shards import HELDOUT_FILE, HELDOUT_SCHEMA
 from albert_core.files import CHECKSUM_FILE, LEGACY_CHECKSUM_FILE, METRICS_FILE, CorruptCheckpoint
@@ -25,6 +27,7 @@ from albert_core.model.modeling import AlbertForPreTraining
 from albert_core.optim import make_optimizer
 from services import RAY_NAMESPACE
 from services.cli import main
+from services.cluster import coordinator_name
 from services.eval.evaluate import UnknownTask
 from services.eval.schedule import Scheduler, evaluator_prefix
 from services.rundir import schedules
@@ -36,6 +39,7 @@ from services.rundir.ledger import LEDGER_FILE, OLD_LEDGER_FILE, RunLedger
 from services.rundir.schedules import RECIPE
 from services.rundir.status import HEARTBEAT_FILE, LIVE_WITHIN_S, read_status
 from services.train.coordinator import get_or_create_coordinator
+from services.train.record import CoordinatorRecord
 from services.train.state import TrainerState, save_train_state
 
 VOCAB = 64
@@ -409,6 +413,48 @@ def test_a_killed_coordinator_restarts_from_its_state_file_with_nothing_lost(mak
     assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "eval"] == [100]
 
 
+def test_a_delivered_batch_run_again_is_applied_once_even_by_a_restarted_coordinator(make_run):
+    """Ray runs a deliver call again on a restarted coordinator, possibly after the dead one had applied it: each
+    numbered call is applied once (the numbers live in ledger.json); another sender's numbers are its own."""
+    run = make_run()
+    path = run.checkpoint(20)
+    calls = [
+        (1, "report", (10, {"loss": 2.0}), {}),
+        (2, "report", (20, {"loss": 1.5}), {}),
+        (3, "checkpoint_saved", (20, path, {"loss": 1.5}), {"final": False}),
+        (4, "event", (20, "warning", {"message": "slow disk"}), {}),
+    ]
+    run.call("deliver", "rank0-a", calls)
+    run.call("deliver", "rank0-a", calls[1:])
+    restart(run.actor)
+    run.call("deliver", "rank0-a", calls)
+    run.call("deliver", "rank0-b", [(1, "report", (30, {"loss": 1.0}), {})])
+    assert [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "train"] == [10, 20, 30]
+    assert [e["message"] for e in events(run.dir, "warning")] == ["slow disk"]
+    assert [e["step"] for e in events(run.dir, "checkpoint_saved")] == [20]
+    assert events(run.dir, "train_lines_replaced") == []
+    with pytest.raises(ray.exceptions.RayTaskError, match="'status' is not one of"):
+        run.call("deliver", "rank0-a", [(5, "status", (), {})])
+
+
+def test_reports_sent_across_a_coordinator_kill_reach_the_log_in_order_once_each(make_run):
+    """The train loop's record sends without waiting while the coordinator dies and restarts: every line arrives,
+    once, in step order (Ray alone runs the calls queued for a restarted actor in any order)."""
+    run = make_run()
+    record = CoordinatorRecord(coordinator_name(run.name))
+    pid = actors(actor_id=run.actor._actor_id.hex())["Pid"]
+    for step in range(1, 201):
+        record.report(step, {"loss": 1.0 / step})
+        if step == 20:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.002)
+    record.event(200, "warning", message="the last line")
+    train = [line["step"] for line in metrics_lines(run.dir) if line["kind"] == "train"]
+    assert train == list(range(1, 201))
+    assert events(run.dir, "train_lines_replaced") == []
+    assert metrics_lines(run.dir)[-1]["event"] == "warning"  # an event returns once the lines before it are in
+
+
 def test_a_checkpoint_the_restarted_coordinator_indexed_from_disk_is_evaluated_once(make_run):
     """The train loop wrote a checkpoint and the coordinator died before its checkpoint_saved call arrived: the
     restarted coordinator's ledger indexes it again from disk, and the run's schedule (not the ledger) evaluates it;
@@ -430,7 +476,6 @@ def test_a_checkpoint_the_restarted_coordinator_indexed_from_disk_is_evaluated_o
 
 def restart(actor, timeout: float = 60.0) -> None:
     """Kill the actor's process and wait until Ray has restarted it (ray.kill returns before the kill lands)."""
-    from ray._private.state import actors
 
     def restarts() -> tuple[int, str]:
         info = actors(actor_id=actor._actor_id.hex())

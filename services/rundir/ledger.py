@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 LEDGER_FILE = "ledger.json"
 OLD_LEDGER_FILE = "coordinator.json"  # its name before issue 35: read, and renamed by the next ledger that opens it
 STATE_VERSION = 1
+DELIVERY_SENDERS = 8  # train loop processes whose last applied call a ledger remembers (first_delivery)
 _RESERVED_KEYS = ("kind", "time")
 
 
@@ -110,6 +111,7 @@ class LedgerState:
     finished: bool = False  # the run's last checkpoint was saved
     config_history: list[ConfigChange] = field(default_factory=list)  # each config replaced, oldest first
     stop_request: StopRequest | None = None  # the last stop the driver asked for
+    delivered: dict[str, int] = field(default_factory=dict)  # sender -> the last call number applied: first_delivery
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1) + "\n"
@@ -342,6 +344,17 @@ class RunLedger:
             dropout.p = 0.0
 
     # --- files ---
+
+    def first_delivery(self, sender: str, number: int) -> bool:
+        """Whether a train loop's call (its process's `sender`, its `number`) is new; it is then noted as applied, and
+        saved with the state. Only the last DELIVERY_SENDERS senders are kept (one per worker group start)."""
+        if number <= self.state.delivered.get(sender, 0):
+            return False
+        self.state.delivered.pop(sender, None)
+        self.state.delivered[sender] = number
+        while len(self.state.delivered) > DELIVERY_SENDERS:
+            del self.state.delivered[next(iter(self.state.delivered))]
+        return True
 
     def event(self, step: int, event: str, **fields: Any) -> None:
         run_log.append_event(self.run_dir, step, event, **fields)

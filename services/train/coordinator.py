@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -35,6 +35,10 @@ from services.rundir.health import stalled
 from services.rundir.ledger import RunLedger
 from services.rundir.status import HEARTBEAT_EVERY_S, status_of, touch_heartbeat
 
+if TYPE_CHECKING:
+    from services.train.record import Call
+
+DELIVERED = ("report", "checkpoint_saved", "event")  # what the train loop's record sends through deliver
 EVAL_POLL_S = 2.0  # how often the run's scheduler looks at the run between checkpoints
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,16 @@ class Coordinator:
         threading.Thread(target=self._watch, args=(config.train.stall_seconds,), daemon=True).start()
 
     # --- the train loop's calls ---
+
+    def deliver(self, sender: str, calls: list[Call]) -> None:
+        """The train loop's calls (services.train.record.CoordinatorRecord), in order, each number applied once: Ray
+        runs this call again on a restarted coordinator, possibly after it had already run here."""
+        for number, name, args, kwargs in calls:
+            if name not in DELIVERED:
+                raise ValueError(f"deliver: {name!r} is not one of {DELIVERED}")
+            if self.ledger.first_delivery(sender, number):
+                getattr(self, name)(*args, **kwargs)
+        self.ledger.save()
 
     def report(self, step: int, metrics: dict[str, Any]) -> None:
         """Append a train line; note resumes and dropout changes. Idempotent for a retried call."""

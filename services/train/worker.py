@@ -7,14 +7,14 @@ run's per-step losses bit for bit on CPU: the example order is a function of the
 example id) and dropout per (run seed, rank, step), so no RNG state has to survive a crash.
 
 Reporting. Every `train.log_every` steps, every `train.checkpoint_every` steps and at the end, rank 0 hands the
-step's metrics to the run's record (services.train.record: the coordinator, without waiting, or its own ledger),
-which writes metrics.jsonl; the driver's live view (progress line, TensorBoard) and `albert status` read that. On
-checkpoint steps rank 0 first writes a training checkpoint to `<run_dir>/checkpoints/step_XXXXXXXX`
-(services.train.state), the one copy on disk, and tells the record. Ray Train hears of the run once, at the last
-step of the worker group (the end, the budget, a stop): all workers call `ray.train.report` with its metrics, a
-barrier that waits for rank 0's final checkpoint. No step waits on Ray: its worker holds one unread result at a time
-and its controller reads them every 2 s, so a report per log step stalled training up to 2 s each
-(bench/bench_reports.py).
+step's metrics to the run's record (services.train.record: the coordinator, without waiting but in order and once
+each, a restart of it included; or its own ledger), which writes metrics.jsonl; the driver's live view (progress
+line, TensorBoard) and `albert status` read that. On checkpoint steps rank 0 first writes a training checkpoint to
+`<run_dir>/checkpoints/step_XXXXXXXX` (services.train.state), the one copy on disk, and tells the record. Ray Train
+hears of the run once, at the last step of the worker group (the end, the budget, a stop): all workers call
+`ray.train.report` with its metrics, a barrier that waits for rank 0's final checkpoint (rank 0 first waits until
+its record holds every line). No step waits on Ray: its worker holds one unread result at a time and its controller
+reads them every 2 s, so a report per log step stalled training up to 2 s each (bench/bench_reports.py).
 
 Budget. `train.max_seconds` > 0 ends the run at the first step that brings its training time (summed over resumes)
 to the budget: rank 0's clock decides and one tiny broadcast per step tells every worker, so all stop at the same
@@ -413,6 +413,8 @@ def after_step(worker: Worker, model, optimizer, scheduler, state: TrainerState,
                 path = worker.backend.save(directory, model, optimizer, scheduler, state, worker.plan.tokenizer_files)
                 worker.record.checkpoint_saved(step, str(path), metrics, final=is_last)
         if ends is not None or is_last:
+            if worker.record is not None:
+                worker.record.flush()
             ray.train.report(metrics)  # the result, at the last step of this worker group (module docstring)
     if notice is not None and notice["new"] and worker.record is not None:
         fields = {k: v for k, v in notice.items() if k != "new"}
