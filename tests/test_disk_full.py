@@ -289,6 +289,30 @@ def test_a_full_disk_met_in_a_preprocess_task_comes_back_to_the_driver_as_its_li
         job.release()
 
 
+@pytest.mark.ray
+def test_a_train_line_the_coordinator_cannot_write_fails_rank_0_with_the_logs_line(ray_local, disk):
+    """Rank 0 hands train lines to the run's coordinator without waiting, and reads each answer before it sends the
+    next: the full disk the coordinator met comes back as its one line (the worker group fails with it)."""
+    import ray
+
+    from services.cluster import coordinator_name
+    from services.train.record import CoordinatorRecord
+    from tests.test_coordinator import Run
+
+    run = Run(disk.root)
+    try:
+        record = CoordinatorRecord(coordinator_name(run.name))
+        record.report(1, {"loss": 5.0})
+        record.flush()
+        disk.fill(leave=0)
+        record.report(2, {"loss": 4.0, "note": "x" * 5000})
+        with pytest.raises(DiskFull) as full:
+            record.flush()
+        assert str(full.value).startswith(str(run.dir.resolve())) and "\n" not in str(full.value), str(full.value)
+    finally:
+        ray.kill(run.actor, no_restart=True)
+
+
 def test_a_worker_group_restarted_on_a_disk_without_room_for_a_checkpoint_fails_at_once_with_the_line(disk, tmp_path):
     from services.train.driver import prepare_run
     from services.train.worker import check_room_for_a_checkpoint

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol
 
+from albert_core.files import DiskFull
 from services.rundir.ledger import RunLedger
 from services.train.plan import WorkerPlan
 
@@ -115,7 +116,10 @@ class CoordinatorRecord:
             ready, _ = ray.wait([self._in_flight], timeout=None if wait else 0)
             if not ready:
                 return
-            ray.get(self._in_flight)
+            try:
+                ray.get(self._in_flight)
+            except ray.exceptions.RayTaskError as err:  # a full disk fails the worker group with its own line
+                raise err.cause if isinstance(err.cause, DiskFull) else err from None
             self._in_flight = None
         if self._queue:
             self._in_flight, self._queue = self.actor.deliver.remote(self.sender, self._queue), []
