@@ -225,6 +225,17 @@ class RunLedger:
 
     # --- the train loop's calls ---
 
+    def first_delivery(self, sender: str, number: int) -> bool:
+        """Whether a train loop's call (its process's `sender`, its `number`) is new; it is then noted as applied, and
+        saved with the state. Only the last DELIVERY_SENDERS senders are kept (one per worker group start)."""
+        if number <= self.state.delivered.get(sender, 0):
+            return False
+        self.state.delivered.pop(sender, None)
+        self.state.delivered[sender] = number
+        while len(self.state.delivered) > DELIVERY_SENDERS:
+            del self.state.delivered[next(iter(self.state.delivered))]
+        return True
+
     def report(self, step: int, metrics: dict[str, Any]) -> None:
         """Append a train line; note resumes and dropout changes. Idempotent for a retried call."""
         metrics = _train_metrics(step, metrics)
@@ -344,17 +355,6 @@ class RunLedger:
             dropout.p = 0.0
 
     # --- files ---
-
-    def first_delivery(self, sender: str, number: int) -> bool:
-        """Whether a train loop's call (its process's `sender`, its `number`) is new; it is then noted as applied, and
-        saved with the state. Only the last DELIVERY_SENDERS senders are kept (one per worker group start)."""
-        if number <= self.state.delivered.get(sender, 0):
-            return False
-        self.state.delivered.pop(sender, None)
-        self.state.delivered[sender] = number
-        while len(self.state.delivered) > DELIVERY_SENDERS:
-            del self.state.delivered[next(iter(self.state.delivered))]
-        return True
 
     def event(self, step: int, event: str, **fields: Any) -> None:
         run_log.append_event(self.run_dir, step, event, **fields)
