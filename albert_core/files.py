@@ -316,10 +316,10 @@ def replacing(
     with disk_full_as(path, needed, kept):
         try:
             yield partial
+            os.replace(partial, path)
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
-        os.replace(partial, path)
 
 
 @contextlib.contextmanager
