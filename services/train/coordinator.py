@@ -68,8 +68,9 @@ class Coordinator:
             if name not in DELIVERED:
                 raise ValueError(f"deliver: {name!r} is not one of {DELIVERED}")
             if self.ledger.first_delivery(sender, number):
-                getattr(self, name)(*args, **kwargs)
-        self.ledger.save()
+                getattr(self, name)(*args, **kwargs)  # report and checkpoint_saved save the ledger, numbers included
+                if name == "event":
+                    self.ledger.save()  # an event's number: it is not appended twice
 
     def report(self, step: int, metrics: dict[str, Any]) -> None:
         """Append a train line; note resumes and dropout changes. Idempotent for a retried call."""
