@@ -5,6 +5,7 @@
   through services.cluster.connect (albert's one way to start Ray). tests/test_faults.py and bench/soak.py use it.
 - `loopback_env`: the environment for a Ray command-line tool (`ray drain-node`) run against such a cluster;
   `drain`: that command, a preemption notice with a deadline for one of its nodes.
+- `live_actors`: the actors of a class with a live process, from the GCS actor table.
 - `listening_addresses`: the local addresses the given processes accept connections on, from /proc (Linux).
 
 The session's one-node Ray is tests/conftest.py's `ray_local` (services.cluster.connect's embedded Ray).
@@ -18,6 +19,19 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+
+def live_actors(class_name: str, *, starting: bool = False) -> list[dict[str, Any]]:
+    """Actors of a class with a live process (`starting`: also those still in __init__), from the GCS actor table
+    (no dashboard needed)."""
+    import ray
+
+    states = ("ALIVE", "PENDING_CREATION") if starting else ("ALIVE",)
+    return [
+        a
+        for a in ray._private.state.actors().values()
+        if a["ActorClassName"] == class_name and a["State"] in states and a["Pid"]
+    ]
 
 
 def loopback_cluster(worker_nodes: int, *, cpus: int = 1) -> Any:

@@ -64,7 +64,14 @@ from services.rundir.status import read_status
 from services.train.callbacks import installed
 from services.train.coordinator import get_or_create_coordinator
 from services.train.state import TrainerState, save_train_state
-from tests.ray_clusters import add_loopback_node, descendants, listening_addresses, loopback_cluster, on_loopback
+from tests.ray_clusters import (
+    add_loopback_node,
+    descendants,
+    listening_addresses,
+    live_actors,
+    loopback_cluster,
+    on_loopback,
+)
 from tests.runs import run_training
 from tests.test_train import MODEL, VOCAB, run_config, write_shards
 from tests.tmpfs import small_tmpfs as tmpfs
@@ -124,19 +131,6 @@ def test_every_node_of_the_cluster_is_on_loopback_and_listens_nowhere_else(clust
     listening = listening_addresses(descendants(os.getpid()))  # the nodes' processes are this process's children
     assert len({pid for pid in listening.values()}) >= 3, "the reader sees the nodes' servers"
     assert sorted(address for address in listening if not on_loopback(address[0])) == []
-
-
-def live_actors(class_name: str, *, starting: bool = False) -> list[dict[str, Any]]:
-    """Actors of a class with a live process (`starting`: also those still in __init__), from the GCS actor table
-    (no dashboard needed)."""
-    import ray
-
-    states = ("ALIVE", "PENDING_CREATION") if starting else ("ALIVE",)
-    return [
-        a
-        for a in ray._private.state.actors().values()
-        if a["ActorClassName"] == class_name and a["State"] in states and a["Pid"]
-    ]
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:

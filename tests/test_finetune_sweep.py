@@ -22,6 +22,7 @@ from services.finetune.cli import register
 from services.finetune.search import MAX_TRIALS, parse_search
 from services.finetune.sweep import PointScores, best_point, write_table
 from services.terminal import EXIT_USAGE, UsageError
+from tests.ray_clusters import live_actors
 from tests.test_finetune_service import sst2, tok_dir  # noqa: F401 (module fixtures)
 
 
@@ -254,18 +255,6 @@ def test_a_plain_run_again_reuses_its_runs_and_with_other_settings_starts_afresh
     assert [row["acc"] for row in summary["per_seed"]] == [r["dev"]["acc"] for r in other]
 
 
-def trial_processes() -> list[int]:
-    """The pids of Tune's trial actors on this machine (their process title: ray::ImplicitFunc...)."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if cmdline.read_bytes().startswith(b"ray::ImplicitFunc"):
-                pids.append(int(cmdline.parent.name))
-        except OSError:  # ended meanwhile
-            continue
-    return pids
-
-
 def test_a_run_whose_process_dies_runs_again_from_its_start_in_the_same_command(ray_local, tmp_path, tok_dir, sst2):
     """As when the node running it is lost: the trial processes are SIGKILLed while a run is half way; Tune runs the
     runs in flight again (its FailureConfig), and the command ends with every run's result."""
@@ -285,7 +274,7 @@ def test_a_run_whose_process_dies_runs_again_from_its_start_in_the_same_command(
         deadline = time.time() + 120
         while not in_flight() and time.time() < deadline:
             time.sleep(0.02)
-        going, pids = in_flight(), trial_processes()
+        going, pids = in_flight(), [a["Pid"] for a in live_actors("ImplicitFunc")]  # Tune's trials
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         killed.append((time.time(), pids, going))
